@@ -1,0 +1,37 @@
+# Every target creates the virtual environment it needs, so a fresh clone works.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint fmt bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/epp demo
+
+# pytest exits 5 when it collected nothing: that must fail, not pass.
+test: $(STAMP)
+	$(BIN)/ruff check epp plugins tests bench
+	$(BIN)/python -m pytest -q; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check epp plugins tests bench
+	$(BIN)/ruff format --check epp plugins tests bench
+
+fmt: $(STAMP)
+	$(BIN)/ruff format epp plugins tests bench
+	$(BIN)/ruff check --fix epp plugins tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/scheduler.py
+	$(BIN)/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

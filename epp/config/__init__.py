@@ -1,0 +1,1 @@
+"""EndpointPickerConfig YAML → validated plugins and profiles."""

@@ -1,0 +1,209 @@
+"""The pool as the EPP sees it: endpoints, their latest metrics, in-flight counts, health.
+
+The datastore owns mutable state; scheduling never sees it directly. Each request gets
+an immutable list of `EndpointSnapshot`s (`Datastore.snapshot()`), so plugins compute
+over a consistent picture and a scrape landing mid-cycle cannot tear it.
+No I/O happens here: the datalayer fills it, the ext_proc side reads and counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+ROLE_LABEL = "llm-d.ai/role"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Identity of one model server (one port of one pod)."""
+
+    name: str
+    address: str
+    port: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def hostport(self) -> str:
+        if ":" in self.address:  # IPv6 literal
+            return f"[{self.address}]:{self.port}"
+        return f"{self.address}:{self.port}"
+
+    @property
+    def role(self) -> str | None:
+        return self.labels.get(ROLE_LABEL)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """What a model server last reported on /metrics (engine-neutral names).
+
+    Fields follow the upstream EPP's metrics struct: queue and running counts,
+    KV-cache usage as a 0..1 fraction, LoRA residency, and the cache geometry from
+    `vllm:cache_config_info`. `update_time` is the clock reading of the scrape.
+    """
+
+    waiting_queue_size: int = 0
+    running_requests: int = 0
+    kv_cache_usage: float = 0.0
+    active_models: frozenset[str] = frozenset()
+    waiting_models: frozenset[str] = frozenset()
+    max_active_models: int = 0
+    cache_block_size: int = 0
+    cache_num_blocks: int = 0
+    update_time: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """One endpoint as a scheduling cycle sees it: identity, metrics, EPP-side load."""
+
+    endpoint: Endpoint
+    metrics: EndpointMetrics
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    healthy: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.endpoint.name
+
+    @property
+    def hostport(self) -> str:
+        return self.endpoint.hostport
+
+
+@dataclass(slots=True)
+class _EndpointState:
+    endpoint: Endpoint
+    metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
+    inflight_requests: int = 0
+    inflight_tokens: int = 0
+    scrape_ok: bool = False
+    last_error: str = ""
+
+
+class Datastore:
+    """Endpoints keyed by name; health is derived from scrape success and age.
+
+    `staleness` is how old the last good scrape may be before the endpoint counts as
+    unhealthy. An endpoint that was never scraped is unhealthy, unless metrics are
+    not collected at all (`require_metrics=False`), e.g. in unit tests.
+    """
+
+    def __init__(
+        self,
+        staleness: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        require_metrics: bool = True,
+    ) -> None:
+        self._states: dict[str, _EndpointState] = {}
+        self._by_hostport: dict[str, str] = {}
+        self.staleness = staleness
+        self.clock = clock
+        self.require_metrics = require_metrics
+        self._listeners: list[Callable[[], None]] = []
+
+    # ---- membership -------------------------------------------------------
+    def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
+        """Replace the pool; known endpoints keep their metrics and counters."""
+        new: dict[str, _EndpointState] = {}
+        for ep in endpoints:
+            old = self._states.get(ep.name)
+            if old is not None and old.endpoint == ep:
+                new[ep.name] = old
+            else:
+                new[ep.name] = _EndpointState(endpoint=ep)
+        self._states = new
+        self._by_hostport = {s.endpoint.hostport: name for name, s in new.items()}
+        for fn in self._listeners:
+            fn()
+
+    def on_change(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
+
+    def endpoints(self) -> list[Endpoint]:
+        return [s.endpoint for s in self._states.values()]
+
+    def get(self, name: str) -> Endpoint | None:
+        s = self._states.get(name)
+        return s.endpoint if s else None
+
+    def by_hostport(self, hostport: str) -> Endpoint | None:
+        name = self._by_hostport.get(hostport)
+        return self._states[name].endpoint if name else None
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    # ---- metrics ----------------------------------------------------------
+    def update_metrics(self, name: str, metrics: EndpointMetrics) -> None:
+        s = self._states.get(name)
+        if s is None:
+            return
+        s.metrics = metrics
+        s.scrape_ok = True
+        s.last_error = ""
+
+    def mark_scrape_failed(self, name: str, error: str) -> None:
+        s = self._states.get(name)
+        if s is None:
+            return
+        s.scrape_ok = False
+        s.last_error = error
+
+    def metrics(self, name: str) -> EndpointMetrics | None:
+        s = self._states.get(name)
+        return s.metrics if s else None
+
+    def last_error(self, name: str) -> str:
+        s = self._states.get(name)
+        return s.last_error if s else ""
+
+    def is_healthy(self, name: str, now: float | None = None) -> bool:
+        s = self._states.get(name)
+        if s is None:
+            return False
+        return self._healthy(s, self.clock() if now is None else now)
+
+    def _healthy(self, s: _EndpointState, now: float) -> bool:
+        if not self.require_metrics:
+            return True
+        return s.scrape_ok and (now - s.metrics.update_time) <= self.staleness
+
+    # ---- in-flight accounting (the EPP's own view of load) ----------------
+    def acquire(self, name: str, tokens: int = 0) -> None:
+        s = self._states.get(name)
+        if s is not None:
+            s.inflight_requests += 1
+            s.inflight_tokens += tokens
+
+    def release(self, name: str, tokens: int = 0) -> None:
+        s = self._states.get(name)
+        if s is not None:
+            s.inflight_requests = max(0, s.inflight_requests - 1)
+            s.inflight_tokens = max(0, s.inflight_tokens - tokens)
+
+    def inflight(self, name: str) -> tuple[int, int]:
+        s = self._states.get(name)
+        return (s.inflight_requests, s.inflight_tokens) if s else (0, 0)
+
+    # ---- what scheduling sees --------------------------------------------
+    def snapshot(self) -> list[EndpointSnapshot]:
+        now = self.clock()
+        return [
+            EndpointSnapshot(
+                endpoint=s.endpoint,
+                metrics=s.metrics,
+                inflight_requests=s.inflight_requests,
+                inflight_tokens=s.inflight_tokens,
+                healthy=self._healthy(s, now),
+            )
+            for s in self._states.values()
+        ]
+
+
+def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
+    """A copy of `snap` with some metric fields changed (handy in tests and producers)."""
+    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

@@ -1,0 +1,60 @@
+"""Errors that end a request with an HTTP status and an OpenAI-style JSON body.
+
+One exception type carries the status so every layer (parser, admission, scheduler)
+can refuse a request the same way and the ext_proc side turns it into one
+ImmediateResponse.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# OpenAI error "type" per HTTP status, as OpenAI-compatible servers (vLLM) report them.
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+@dataclass
+class EppError(Exception):
+    status: int
+    message: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.message}"
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": _ERROR_TYPES.get(self.status, "error"),
+                    "param": None,
+                    "code": self.code or self.status,
+                }
+            }
+        ).encode()
+
+
+def bad_request(message: str) -> EppError:
+    return EppError(400, message, "bad_request")
+
+
+def not_found(message: str) -> EppError:
+    return EppError(404, message, "model_not_found")
+
+
+def too_large(message: str) -> EppError:
+    return EppError(413, message, "request_too_large")
+
+
+def unavailable(message: str) -> EppError:
+    return EppError(503, message, "no_endpoint_available")

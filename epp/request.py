@@ -1,0 +1,254 @@
+"""OpenAI request bodies → `InferenceRequest`.
+
+The API is chosen by the path suffix, as the upstream EPP's OpenAI parser does
+(`/chat/completions`, `/completions`, `/embeddings`, `/responses`). Parsing checks only
+what routing needs and what would make the model server fail anyway; unknown fields
+pass through untouched. Every refusal is an `EppError` with status 400 and a message
+naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.errors import bad_request
+
+HEADER_REQUEST_ID = "x-request-id"
+HEADER_OBJECTIVE = "x-gateway-inference-objective"
+HEADER_FAIRNESS_ID = "x-gateway-inference-fairness-id"
+HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
+
+# Upstream's estimate when no tokenizer is configured (GIE approximateprefix, llm-d deciders).
+CHARS_PER_TOKEN = 4
+
+API_CHAT = "chat"
+API_COMPLETIONS = "completions"
+API_EMBEDDINGS = "embeddings"
+API_RESPONSES = "responses"
+API_OTHER = "other"
+API_NONE = "none"  # a body-less request (GET)
+
+_SUFFIXES = (
+    ("/chat/completions", API_CHAT),
+    ("/completions", API_COMPLETIONS),
+    ("/embeddings", API_EMBEDDINGS),
+    ("/responses", API_RESPONSES),
+)
+
+
+def api_for_path(path: str) -> str:
+    path = path.split("?", 1)[0].rstrip("/")
+    for suffix, api in _SUFFIXES:
+        if path.endswith(suffix):
+            return api
+    return API_OTHER
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """Everything scheduling needs to know about one request, parsed once."""
+
+    request_id: str
+    path: str = "/"
+    method: str = "POST"
+    api: str = API_NONE
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: dict[str, Any] | None = None
+    raw_body: bytes = b""
+    model: str = ""
+    target_model: str = ""
+    prompt_text: str = ""
+    max_tokens: int | None = None
+    stream: bool = False
+    objective: str | None = None
+    fairness_id: str | None = None
+    cache_salt: str | None = None
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        """Prompt length in tokens, estimated as characters / 4 (upstream's rule)."""
+        return max(1, len(self.prompt_text) // CHARS_PER_TOKEN) if self.prompt_text else 0
+
+    @property
+    def expected_output_tokens(self) -> int:
+        """max_tokens when given, else 1.5 × prompt (upstream inflight-load-producer's guess)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return round(1.5 * self.prompt_tokens_estimate)
+
+    def body_for_upstream(self) -> bytes | None:
+        """The body to forward when the model must change (header or rewrite), else None."""
+        if self.body is None or self.target_model == self.model:
+            return None
+        body = dict(self.body)
+        body["model"] = self.target_model
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def new_request(headers: Mapping[str, str], path: str, method: str) -> InferenceRequest:
+    """A request from its headers alone; the body, if any, is added by `parse_body`."""
+    return InferenceRequest(
+        request_id=headers.get(HEADER_REQUEST_ID) or str(uuid.uuid4()),
+        path=path,
+        method=method,
+        headers=headers,
+        objective=headers.get(HEADER_OBJECTIVE) or None,
+        fairness_id=headers.get(HEADER_FAIRNESS_ID) or None,
+    )
+
+
+def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
+    """Fill `req` from the raw body; raises EppError(400) on anything unusable."""
+    if not raw or not raw.strip():
+        raise bad_request("request body is empty; expected a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad_request(
+            f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, got a JSON {_json_kind(body)}")
+
+    model = body.get("model")
+    if model is None:
+        raise bad_request("field 'model' is missing from the request body")
+    if not isinstance(model, str) or not model:
+        raise bad_request("field 'model' must be a non-empty string")
+
+    req.raw_body = raw
+    req.body = body
+    req.api = api_for_path(req.path)
+    req.model = model
+    req.target_model = req.headers.get(HEADER_MODEL_REWRITE) or model
+    req.stream = _bool_field(body, "stream")
+    req.max_tokens = _max_tokens(body)
+    salt = body.get("cache_salt")
+    req.cache_salt = salt if isinstance(salt, str) and salt else None
+    req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
+    return req
+
+
+def _json_kind(value: object) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def _bool_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"field '{name}' must be a boolean, got {_json_kind(value)}")
+    return value
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad_request(f"field '{name}' must be a non-negative integer, got {value!r}")
+        return value
+    return None
+
+
+def _completions_prompt(body: dict[str, Any]) -> str:
+    if "prompt" not in body:
+        raise bad_request("field 'prompt' is missing; /v1/completions needs a prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        if all(isinstance(p, str) for p in prompt):
+            return " ".join(prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            # Token ids: no text, but the length still estimates the load.
+            return " " * (len(prompt) * CHARS_PER_TOKEN)
+        if all(isinstance(p, list) for p in prompt):
+            return " " * (sum(len(p) for p in prompt) * CHARS_PER_TOKEN)
+    raise bad_request(
+        "field 'prompt' must be a string, a list of strings, or a list of token ids"
+    )
+
+
+def _message_text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise bad_request(f"{where}.content[{i}] must be an object with a 'type'")
+            if part.get("type") == "text":
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise bad_request(f"{where}.content[{i}].text must be a string")
+                parts.append(text)
+        return "".join(parts)
+    raise bad_request(f"{where}.content must be a string or a list of content parts")
+
+
+def render_chat(messages: list[dict[str, Any]]) -> str:
+    """A plain rendering of the conversation, stable across requests sharing a prefix."""
+    return "".join(f"<|{m['role']}|>\n{m['text']}\n" for m in messages)
+
+
+def _chat_prompt(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("field 'messages' is missing; /v1/chat/completions needs messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("field 'messages' must be a non-empty list of messages")
+    rendered = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object with 'role' and 'content'")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise bad_request(f"{where}.role must be a non-empty string")
+        rendered.append({"role": role, "text": _message_text(m.get("content"), where)})
+    return render_chat(rendered)
+
+
+def _embeddings_input(body: dict[str, Any]) -> str:
+    if "input" not in body:
+        raise bad_request("field 'input' is missing; /v1/embeddings needs an input")
+    value = body["input"]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return " ".join(v if isinstance(v, str) else json.dumps(v) for v in value)
+    raise bad_request("field 'input' must be a string or a list")
+
+
+def _responses_input(body: dict[str, Any]) -> str:
+    if "input" not in body:
+        raise bad_request("field 'input' is missing; /v1/responses needs an input")
+    value = body["input"]
+    instructions = body.get("instructions")
+    head = instructions if isinstance(instructions, str) else ""
+    return head + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+
+
+def _no_prompt(body: dict[str, Any]) -> str:
+    return ""
+
+
+_PROMPT_READERS = {
+    API_COMPLETIONS: _completions_prompt,
+    API_CHAT: _chat_prompt,
+    API_EMBEDDINGS: _embeddings_input,
+    API_RESPONSES: _responses_input,
+}

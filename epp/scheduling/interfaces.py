@@ -1,0 +1,101 @@
+"""The framework's only promise to plugins: these extension points.
+
+A plugin instance is slotted into every extension point whose method it has, so one
+class may be, say, both a scorer and a pre-request hook. Scorers return one score per
+endpoint, in the order given, each in [0, 1]; the profile clamps, weights and sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+from epp.datastore import EndpointSnapshot
+from epp.request import InferenceRequest
+from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint, SchedulingResult
+
+if TYPE_CHECKING:
+    from epp.scheduling.profile import SchedulerProfile
+
+
+class Plugin:
+    """Base for every plugin: a registry `type` and an instance `name`."""
+
+    type_name: ClassVar[str] = ""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"{self.name}/{self.type_name}"
+
+
+@runtime_checkable
+class Filter(Protocol):
+    name: str
+    type_name: str
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> list[EndpointSnapshot]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    name: str
+    type_name: str
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    name: str
+    type_name: str
+
+    def pick(
+        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+    ) -> ProfileResult: ...
+
+
+@runtime_checkable
+class ProfileHandler(Protocol):
+    name: str
+    type_name: str
+
+    def pick_profiles(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        profiles: dict[str, SchedulerProfile],
+        results: dict[str, ProfileResult | None],
+    ) -> dict[str, SchedulerProfile]:
+        """Profiles to run next; called until it returns none."""
+        ...
+
+    def process_results(
+        self,
+        state: CycleState,
+        request: InferenceRequest,
+        results: dict[str, ProfileResult | None],
+    ) -> SchedulingResult: ...
+
+
+@runtime_checkable
+class PreRequest(Protocol):
+    name: str
+    type_name: str
+
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None: ...
+
+
+@runtime_checkable
+class PostResponse(Protocol):
+    name: str
+    type_name: str
+
+    def post_response(
+        self, request: InferenceRequest, response: object, endpoint: EndpointSnapshot
+    ) -> None: ...

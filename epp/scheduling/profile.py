@@ -1,0 +1,82 @@
+"""A scheduling profile: filters in order → weighted scorers summed → one picker."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from epp.datastore import EndpointSnapshot
+from epp.observability import PLUGIN_DURATION
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Filter, Picker, Scorer
+from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
+
+_perf = time.perf_counter
+
+
+@dataclass
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+class SchedulerProfile:
+    """Runs one profile over candidate snapshots.
+
+    Final score = Σ weight × clamp(score, 0, 1), not normalised by the weights (as
+    upstream). Every plugin call is timed into `inference_extension_plugin_duration_seconds`;
+    the labelled histogram children are resolved once here, not per request.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        filters: list[Filter],
+        scorers: list[WeightedScorer],
+        picker: Picker,
+    ) -> None:
+        self.name = name
+        self.filters = filters
+        self.scorers = scorers
+        self.picker = picker
+        self._filter_timers = [_timer("Filter", p) for p in filters]
+        self._scorer_timers = [_timer("Scorer", s.scorer) for s in scorers]
+        self._picker_timer = _timer("Picker", picker)
+
+    def run(
+        self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]
+    ) -> ProfileResult | None:
+        endpoints = candidates
+        for f, timer in zip(self.filters, self._filter_timers, strict=True):
+            t0 = _perf()
+            endpoints = f.filter(state, request, endpoints)
+            timer.observe(_perf() - t0)
+            if not endpoints:
+                return None
+        totals = [0.0] * len(endpoints)
+        for ws, timer in zip(self.scorers, self._scorer_timers, strict=True):
+            t0 = _perf()
+            scores = ws.scorer.score(state, request, endpoints)
+            timer.observe(_perf() - t0)
+            w = ws.weight
+            for i, s in enumerate(scores):
+                totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+        scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+        t0 = _perf()
+        result = self.picker.pick(state, request, scored)
+        self._picker_timer.observe(_perf() - t0)
+        return result if result.targets else None
+
+    def describe(self) -> str:
+        parts = [f"filter:{f!r}" for f in self.filters]
+        parts += [f"scorer:{s.scorer!r}×{s.weight:g}" for s in self.scorers]
+        parts.append(f"picker:{self.picker!r}")
+        return f"{self.name}[{', '.join(parts)}]"
+
+
+def _timer(extension_point: str, plugin: object):
+    return PLUGIN_DURATION.labels(
+        extension_point=extension_point,
+        plugin_type=getattr(plugin, "type_name", type(plugin).__name__),
+        plugin_name=getattr(plugin, "name", ""),
+    )

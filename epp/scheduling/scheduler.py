@@ -1,0 +1,44 @@
+"""The scheduler: a profile handler chooses profiles, each runs, the handler merges."""
+
+from __future__ import annotations
+
+import time
+
+from epp.datastore import EndpointSnapshot
+from epp.errors import EppError, unavailable
+from epp.observability import SCHEDULER_E2E
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import ProfileHandler
+from epp.scheduling.profile import SchedulerProfile
+from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
+
+# A handler that keeps asking for profiles is a bug; stop it rather than spin.
+_MAX_ROUNDS = 16
+
+
+class Scheduler:
+    def __init__(self, handler: ProfileHandler, profiles: dict[str, SchedulerProfile]) -> None:
+        self.handler = handler
+        self.profiles = profiles
+
+    def schedule(
+        self, request: InferenceRequest, candidates: list[EndpointSnapshot]
+    ) -> SchedulingResult:
+        """Pick endpoints for `request`; raises EppError(503) when no profile finds one."""
+        t0 = time.perf_counter()
+        try:
+            if not candidates:
+                raise unavailable("no candidate endpoints for this request")
+            state = CycleState()
+            results: dict[str, ProfileResult | None] = {}
+            for _ in range(_MAX_ROUNDS):
+                to_run = self.handler.pick_profiles(state, request, self.profiles, results)
+                if not to_run:
+                    break
+                for name, profile in to_run.items():
+                    results[name] = profile.run(state, request, candidates)
+            else:
+                raise EppError(500, f"profile handler {self.handler!r} never finished")
+            return self.handler.process_results(state, request, results)
+        finally:
+            SCHEDULER_E2E.observe(time.perf_counter() - t0)

@@ -1,0 +1,62 @@
+"""Data that flows through one scheduling cycle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from epp.datastore import EndpointSnapshot
+
+
+class CycleState:
+    """Scratch space shared by the plugins of one scheduling cycle, and nothing else.
+
+    It is created per request and dropped with it, so nothing here can leak across
+    requests. Keys are plugin-chosen strings (use the plugin's name to avoid clashes).
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: dict[str, Any] = {}
+
+    def write(self, key: str, value: Any) -> None:
+        self._data[key] = value
+
+    def read(self, key: str, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._data
+
+
+@dataclass(slots=True)
+class ScoredEndpoint:
+    endpoint: EndpointSnapshot
+    score: float
+
+
+@dataclass(slots=True)
+class ProfileResult:
+    """A profile's pick: targets best first; the first is primary, the rest fallbacks."""
+
+    targets: list[EndpointSnapshot]
+
+
+@dataclass(slots=True)
+class SchedulingResult:
+    """Results per profile that ran (None if it found no endpoint) and which is primary."""
+
+    profile_results: dict[str, ProfileResult | None]
+    primary_profile: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> ProfileResult:
+        result = self.profile_results[self.primary_profile]
+        assert result is not None
+        return result
+
+    @property
+    def targets(self) -> list[EndpointSnapshot]:
+        return self.primary.targets

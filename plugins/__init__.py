@@ -1,0 +1,6 @@
+"""Every built-in plugin, one folder per kind; importing this registers them all.
+
+Find a plugin by its YAML type: `grep -rn 'register("TYPE"' plugins/`.
+"""
+
+from plugins import filters, pickers, profile_handlers, scorers  # noqa: F401

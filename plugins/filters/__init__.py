@@ -1,0 +1,1 @@
+from plugins.filters import label_selector, roles  # noqa: F401

@@ -1,0 +1,38 @@
+"""`weighted-random-picker`: scores are lottery weights (upstream's A-Res sampling).
+
+Each endpoint draws key = U^(1/score); the k largest keys win, which samples without
+replacement in proportion to score. Non-positive scores get key 0; if every score is 0
+the pick is uniform.
+"""
+
+from __future__ import annotations
+
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Plugin
+from epp.scheduling.registry import Handle, register
+from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
+from plugins.pickers.common import PickerParams
+
+
+@register("weighted-random-picker")
+class WeightedRandomPicker(Plugin):
+    Params = PickerParams
+
+    def __init__(self, name: str, params: PickerParams, handle: Handle) -> None:
+        super().__init__(name)
+        self.k = params.max_num_of_endpoints
+        self.rng = handle.rng
+
+    def pick(
+        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+    ) -> ProfileResult:
+        k = min(self.k, len(scored))
+        if all(s.score <= 0 for s in scored):
+            return ProfileResult([s.endpoint for s in self.rng.sample(scored, k)])
+        rnd = self.rng.random
+        keyed = []
+        for s in scored:
+            u = rnd() or 1e-12  # U in (0, 1)
+            keyed.append((u ** (1.0 / s.score) if s.score > 0 else 0.0, s))
+        keyed.sort(key=lambda t: t[0], reverse=True)
+        return ProfileResult([s.endpoint for _, s in keyed[:k]])

@@ -1,0 +1,1 @@
+from plugins.profile_handlers import single  # noqa: F401

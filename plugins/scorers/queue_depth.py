@@ -1,0 +1,22 @@
+"""`queue-depth-scorer` (upstream `queue-scorer`): shorter waiting queue scores higher."""
+
+from __future__ import annotations
+
+from epp.config.params import NoParams
+from epp.datastore import EndpointSnapshot
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Plugin
+from epp.scheduling.registry import Handle, register
+from epp.scheduling.types import CycleState
+from plugins.scorers.minmax import min_max_inverted
+
+
+@register("queue-depth-scorer", aliases=("queue-scorer",))
+class QueueDepthScorer(Plugin):
+    def __init__(self, name: str, params: NoParams, handle: Handle) -> None:
+        super().__init__(name)
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> list[float]:
+        return min_max_inverted([e.metrics.waiting_queue_size for e in endpoints])
