@@ -64,6 +64,11 @@ class EndpointSnapshot:
     inflight_requests: int = 0
     inflight_tokens: int = 0
     healthy: bool = True
+    models: frozenset[str] | None = None
+
+    def serves(self, model: str) -> bool:
+        """True if the endpoint serves `model`, or has not told us what it serves."""
+        return self.models is None or model in self.models or model in self.metrics.active_models
 
     @property
     def name(self) -> str:
@@ -82,6 +87,7 @@ class _EndpointState:
     inflight_tokens: int = 0
     scrape_ok: bool = False
     last_error: str = ""
+    models: frozenset[str] | None = None
 
 
 class Datastore:
@@ -153,6 +159,16 @@ class Datastore:
         s.scrape_ok = False
         s.last_error = error
 
+    def set_models(self, name: str, models: Iterable[str]) -> None:
+        """Models the endpoint reports serving (/v1/models); None means not yet known."""
+        s = self._states.get(name)
+        if s is not None:
+            s.models = frozenset(models)
+
+    def models(self, name: str) -> frozenset[str] | None:
+        s = self._states.get(name)
+        return s.models if s else None
+
     def metrics(self, name: str) -> EndpointMetrics | None:
         s = self._states.get(name)
         return s.metrics if s else None
@@ -199,6 +215,7 @@ class Datastore:
                 inflight_requests=s.inflight_requests,
                 inflight_tokens=s.inflight_tokens,
                 healthy=self._healthy(s, now),
+                models=s.models,
             )
             for s in self._states.values()
         ]

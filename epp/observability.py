@@ -22,7 +22,16 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 # Upstream buckets: 0.1 ms … 100 ms for scheduler and plugin latency.
 _LATENCY_BUCKETS = (
-    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+    0.0001,
+    0.0002,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
 )
 
 SCHEDULER_ATTEMPTS = Counter(
@@ -116,7 +125,16 @@ class PoolCollector(Collector):
         return []
 
 
+_pool_collector: PoolCollector | None = None
+
+
 def register_pool(pool_name: str, snapshot: Callable[[], list]) -> PoolCollector:
-    collector = PoolCollector(pool_name, snapshot)
-    REGISTRY.register(collector)
-    return collector
+    """Point the pool gauges at a datastore (the last server started in a process wins)."""
+    global _pool_collector
+    if _pool_collector is None:
+        _pool_collector = PoolCollector(pool_name, snapshot)
+        REGISTRY.register(_pool_collector)
+    else:
+        _pool_collector.pool_name = pool_name
+        _pool_collector.snapshot = snapshot
+    return _pool_collector

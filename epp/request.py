@@ -177,9 +177,7 @@ def _completions_prompt(body: dict[str, Any]) -> str:
             return " " * (len(prompt) * CHARS_PER_TOKEN)
         if all(isinstance(p, list) for p in prompt):
             return " " * (sum(len(p) for p in prompt) * CHARS_PER_TOKEN)
-    raise bad_request(
-        "field 'prompt' must be a string, a list of strings, or a list of token ids"
-    )
+    raise bad_request("field 'prompt' must be a string, a list of strings, or a list of token ids")
 
 
 def _message_text(content: Any, where: str) -> str:

@@ -3,4 +3,4 @@
 Find a plugin by its YAML type: `grep -rn 'register("TYPE"' plugins/`.
 """
 
-from plugins import filters, pickers, profile_handlers, scorers  # noqa: F401
+from plugins import datalayer, filters, pickers, profile_handlers, scorers  # noqa: F401

@@ -142,9 +142,7 @@ def parse_params(cls: type, raw: Any, path: str = "parameters") -> Any:
         values[f.name] = converted
     for f in dataclasses.fields(cls):
         if (
-            f.name not in values
-            and f.default is _MISSING
-            and f.default_factory is _MISSING  # type: ignore[misc]
+            f.name not in values and f.default is _MISSING and f.default_factory is _MISSING  # type: ignore[misc]
         ):
             raise ConfigError(f"{path}.{yaml_name(f.name)}", "is required")
     try:
@@ -163,9 +161,7 @@ def parse_params(cls: type, raw: Any, path: str = "parameters") -> Any:
 def _check_range(value: Any, f: dataclasses.Field, path: str) -> None:
     lo, hi, choices = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("choices")
     if choices is not None and value not in choices:
-        raise ConfigError(
-            path, f"must be one of {', '.join(map(str, choices))}; got {value!r}"
-        )
+        raise ConfigError(path, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if lo is not None and value < lo:
             raise ConfigError(path, f"must be at least {lo}; got {value}")
@@ -178,10 +174,16 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not _MISSING else (
-            f.default_factory() if f.default_factory is not _MISSING else None  # type: ignore[misc]
+        default = (
+            f.default
+            if f.default is not _MISSING
+            else (
+                f.default_factory() if f.default_factory is not _MISSING else None  # type: ignore[misc]
+            )
         )
-        rows.append((yaml_name(f.name), _type_label(hints[f.name]), default, f.metadata.get("doc", "")))
+        rows.append(
+            (yaml_name(f.name), _type_label(hints[f.name]), default, f.metadata.get("doc", ""))
+        )
     return rows
 
 

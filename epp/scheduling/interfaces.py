@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from epp.datastore import EndpointSnapshot
 from epp.request import InferenceRequest
-from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint, SchedulingResult
+from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult, ScoredEndpoint
 
 if TYPE_CHECKING:
     from epp.scheduling.profile import SchedulerProfile

@@ -107,6 +107,12 @@ def all_types() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def all_names() -> list[str]:
+    """Types and their upstream aliases: what a config may name."""
+    _load_builtin_plugins()
+    return sorted([*_REGISTRY, *_ALIASES])
+
+
 def all_specs() -> list[PluginSpec]:
     _load_builtin_plugins()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]

@@ -14,7 +14,9 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
 
-PREFILL_ROLES = frozenset({"prefill", "prefill-decode", "both", "encode-prefill", "encode-prefill-decode"})
+PREFILL_ROLES = frozenset(
+    {"prefill", "prefill-decode", "both", "encode-prefill", "encode-prefill-decode"}
+)
 DECODE_ROLES = frozenset({"decode", "prefill-decode", "both", "encode-prefill-decode"})
 
 

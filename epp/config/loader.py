@@ -1,0 +1,393 @@
+"""EndpointPickerConfig (the Gateway API Inference Extension's format) → a runnable setup.
+
+Phases, as upstream: parse YAML → instantiate plugins by type (strict parameters) →
+apply defaults (one profile without a handler gets `single-profile-handler`; a profile
+without a picker gets the first defined picker or a new `max-score-picker`; scorer
+weight 1.0) → validate references → build profiles and the scheduler. Every problem is
+a ConfigError naming the file, the field path and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from epp.config.errors import ConfigError
+from epp.config.params import parse_params
+from epp.scheduling import registry
+from epp.scheduling.interfaces import (
+    Filter,
+    Picker,
+    Plugin,
+    PostResponse,
+    PreRequest,
+    ProfileHandler,
+    Scorer,
+)
+from epp.scheduling.profile import SchedulerProfile, WeightedScorer
+from epp.scheduling.registry import Handle
+from epp.scheduling.scheduler import Scheduler
+
+API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1",)
+KIND = "EndpointPickerConfig"
+TOP_LEVEL_KEYS = (
+    "apiVersion",
+    "kind",
+    "plugins",
+    "schedulingProfiles",
+    "featureGates",
+    "saturationDetector",
+    "dataLayer",
+    "flowControl",
+    "parser",
+)
+# Upstream's gates; the ones this project has no use for are accepted and ignored.
+FEATURE_GATES = {
+    "dataLayer": None,  # upstream: deprecated no-op
+    "enableLegacyMetrics": None,  # this project has one metrics path
+    "flowControl": "flow control (request queueing in the EPP) is not implemented yet",
+}
+
+# The built-in profile when no --config is given: queue and KV-cache scorers with the
+# upstream default weights (GIE `pkg/epp/config/loader/defaults.go`: queue 2, kv 2) and
+# the max-score picker. Prefix-cache scoring joins when it is implemented (issue #4).
+DEFAULT_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: max-score-picker
+"""
+
+
+@dataclass
+class LoadedConfig:
+    """Everything the server needs from a config, built and validated."""
+
+    scheduler: Scheduler
+    plugins: dict[str, Plugin]
+    pre_request: list[PreRequest] = field(default_factory=list)
+    post_response: list[PostResponse] = field(default_factory=list)
+    source: str = "<built-in default>"
+
+    def plugins_of(self, cls: type) -> list[Any]:
+        return [p for p in self.plugins.values() if isinstance(p, cls)]
+
+    def describe(self) -> str:
+        lines = [f"config {self.source}: handler {self.scheduler.handler!r}"]
+        lines += [f"  profile {p.describe()}" for p in self.scheduler.profiles.values()]
+        return "\n".join(lines)
+
+
+def load_config_file(path: str | Path, handle: Handle | None = None) -> LoadedConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror or e}", str(p)) from None
+    return load_config_text(text, str(p), handle)
+
+
+def load_default_config(handle: Handle | None = None) -> LoadedConfig:
+    return load_config_text(DEFAULT_CONFIG, "<built-in default>", handle)
+
+
+def load_config_text(
+    text: str, source: str = "<config text>", handle: Handle | None = None
+) -> LoadedConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError("", f"invalid YAML{where}: {problem}", source) from None
+    try:
+        return build(data, handle or Handle(rng=random.Random()), source)
+    except ConfigError as e:
+        raise e.in_file(source) from None
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError("", f"the config must be a YAML mapping ({KIND}), got {data!r}")
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            raise ConfigError(
+                str(key),
+                f"unknown field.{_did_you_mean(str(key), list(TOP_LEVEL_KEYS))} "
+                f"Accepted fields: {', '.join(TOP_LEVEL_KEYS)}",
+            )
+    api = data.get("apiVersion")
+    if api is not None and api not in API_VERSIONS:
+        raise ConfigError("apiVersion", f"must be {' or '.join(API_VERSIONS)}; got {api!r}")
+    kind = data.get("kind")
+    if kind is not None and kind != KIND:
+        raise ConfigError("kind", f"must be {KIND}; got {kind!r}")
+    _check_feature_gates(data.get("featureGates"))
+    if data.get("flowControl") is not None:
+        raise ConfigError("flowControl", FEATURE_GATES["flowControl"] or "")
+
+    plugins = _instantiate_plugins(data.get("plugins"), handle)
+    handle.plugins.update(plugins)
+    for ref_field in ("saturationDetector", "parser"):
+        section = data.get(ref_field)
+        if section is not None:
+            _check_ref_section(section, ref_field, plugins)
+    _check_data_layer(data.get("dataLayer"), plugins)
+
+    profiles = _build_profiles(data.get("schedulingProfiles"), plugins, handle)
+    handler = _profile_handler(plugins, profiles, handle)
+    return LoadedConfig(
+        scheduler=Scheduler(handler, profiles),
+        plugins=plugins,
+        pre_request=[p for p in plugins.values() if isinstance(p, PreRequest)],
+        post_response=[p for p in plugins.values() if isinstance(p, PostResponse)],
+        source=source,
+    )
+
+
+def _check_feature_gates(gates: Any) -> None:
+    if gates is None:
+        return
+    if not isinstance(gates, list):
+        raise ConfigError("featureGates", f"must be a list of gate names, got {gates!r}")
+    for i, gate in enumerate(gates):
+        if gate not in FEATURE_GATES:
+            raise ConfigError(
+                f"featureGates[{i}]",
+                f"unknown feature gate {gate!r}. Known gates: {', '.join(FEATURE_GATES)}",
+            )
+        if FEATURE_GATES[gate]:
+            raise ConfigError(f"featureGates[{i}]", f"{gate}: {FEATURE_GATES[gate]}")
+
+
+def _instantiate_plugins(specs: Any, handle: Handle) -> dict[str, Plugin]:
+    if specs is None:
+        return {}
+    if not isinstance(specs, list):
+        raise ConfigError("plugins", f"must be a list of {{type, name, parameters}}, got {specs!r}")
+    out: dict[str, Plugin] = {}
+    for i, spec in enumerate(specs):
+        path = f"plugins[{i}]"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(path, f"must be a mapping with 'type', got {spec!r}")
+        for key in spec:
+            if key not in ("type", "name", "parameters"):
+                raise ConfigError(
+                    f"{path}.{key}",
+                    f"unknown field.{_did_you_mean(str(key), ['type', 'name', 'parameters'])} "
+                    "Accepted fields: type, name, parameters",
+                )
+        type_name = spec.get("type")
+        if not isinstance(type_name, str) or not type_name:
+            raise ConfigError(f"{path}.type", "is required (the plugin's registered type)")
+        name = spec.get("name", type_name)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{path}.name", f"must be a non-empty string, got {name!r}")
+        if name in out:
+            raise ConfigError(
+                f"{path}.name", f"duplicate plugin name {name!r}; names must be unique"
+            )
+        plugin_spec = registry.lookup(type_name)
+        if plugin_spec is None:
+            planned = registry.NOT_YET_IMPLEMENTED.get(type_name)
+            if planned:
+                raise ConfigError(
+                    f"{path}.type",
+                    f"plugin type {type_name!r} is an upstream plugin that epp does not "
+                    f"implement yet (planned with {planned}); remove it from the config",
+                )
+            types = registry.all_types()
+            raise ConfigError(
+                f"{path}.type",
+                f"unknown plugin type {type_name!r}."
+                f"{_did_you_mean(type_name, registry.all_names())} "
+                f"Known types: {', '.join(types)}",
+            )
+        params = parse_params(plugin_spec.params, spec.get("parameters"), f"{path}.parameters")
+        try:
+            out[name] = plugin_spec.build(name, params, handle)
+        except ValueError as e:
+            raise ConfigError(f"{path}.parameters", str(e)) from None
+    return out
+
+
+def _check_ref_section(section: Any, path: str, plugins: dict[str, Plugin]) -> None:
+    if not isinstance(section, Mapping) or set(section) - {"pluginRef"}:
+        raise ConfigError(path, "must be a mapping with only 'pluginRef'")
+    _resolve_ref(section.get("pluginRef"), f"{path}.pluginRef", plugins)
+
+
+def _check_data_layer(section: Any, plugins: dict[str, Plugin]) -> None:
+    if section is None:
+        return
+    if not isinstance(section, Mapping) or set(section) - {"sources"}:
+        raise ConfigError("dataLayer", "must be a mapping with only 'sources'")
+    sources = section.get("sources") or []
+    if not isinstance(sources, list):
+        raise ConfigError("dataLayer.sources", "must be a list")
+    for i, src in enumerate(sources):
+        path = f"dataLayer.sources[{i}]"
+        if not isinstance(src, Mapping) or set(src) - {"pluginRef", "extractors"}:
+            raise ConfigError(path, "must be a mapping with 'pluginRef' and 'extractors'")
+        _resolve_ref(src.get("pluginRef"), f"{path}.pluginRef", plugins)
+        for j, ex in enumerate(src.get("extractors") or []):
+            if not isinstance(ex, Mapping) or set(ex) - {"pluginRef"}:
+                raise ConfigError(f"{path}.extractors[{j}]", "must be a mapping with 'pluginRef'")
+            _resolve_ref(ex.get("pluginRef"), f"{path}.extractors[{j}].pluginRef", plugins)
+
+
+def _resolve_ref(ref: Any, path: str, plugins: dict[str, Plugin]) -> Plugin:
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(path, "is required: the name of a plugin defined under 'plugins'")
+    plugin = plugins.get(ref)
+    if plugin is None:
+        names = sorted(plugins)
+        raise ConfigError(
+            path,
+            f"refers to {ref!r}, which is not defined under 'plugins'."
+            f"{_did_you_mean(ref, names)} Defined plugins: {', '.join(names) or 'none'}",
+        )
+    return plugin
+
+
+def _build_profiles(
+    specs: Any, plugins: dict[str, Plugin], handle: Handle
+) -> dict[str, SchedulerProfile]:
+    if specs is None or specs == []:
+        # Upstream default: one profile holding every filter, scorer and picker defined.
+        specs = [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": n} for n, p in plugins.items() if _slot(p)],
+            }
+        ]
+    if not isinstance(specs, list):
+        raise ConfigError("schedulingProfiles", "must be a list of {name, plugins}")
+    profiles: dict[str, SchedulerProfile] = {}
+    for i, spec in enumerate(specs):
+        path = f"schedulingProfiles[{i}]"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(path, "must be a mapping with 'name' and 'plugins'")
+        for key in spec:
+            if key not in ("name", "plugins"):
+                raise ConfigError(f"{path}.{key}", "unknown field. Accepted fields: name, plugins")
+        name = spec.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{path}.name", "is required and must be a non-empty string")
+        if name in profiles:
+            raise ConfigError(f"{path}.name", f"duplicate profile name {name!r}")
+        profiles[name] = _build_profile(name, spec.get("plugins"), path, plugins, handle)
+    return profiles
+
+
+def _slot(plugin: Plugin) -> str | None:
+    if isinstance(plugin, Picker):
+        return "picker"
+    if isinstance(plugin, Scorer):
+        return "scorer"
+    if isinstance(plugin, Filter):
+        return "filter"
+    return None
+
+
+def _build_profile(
+    name: str, refs: Any, path: str, plugins: dict[str, Plugin], handle: Handle
+) -> SchedulerProfile:
+    if not isinstance(refs, list):
+        raise ConfigError(f"{path}.plugins", "must be a list of {pluginRef, weight?}")
+    filters: list[Filter] = []
+    scorers: list[WeightedScorer] = []
+    picker: Picker | None = None
+    for j, ref in enumerate(refs):
+        rpath = f"{path}.plugins[{j}]"
+        if not isinstance(ref, Mapping) or set(ref) - {"pluginRef", "weight"}:
+            raise ConfigError(rpath, "must be a mapping with 'pluginRef' and optional 'weight'")
+        plugin = _resolve_ref(ref.get("pluginRef"), f"{rpath}.pluginRef", plugins)
+        slot = _slot(plugin)
+        weight = ref.get("weight")
+        if slot is None:
+            raise ConfigError(
+                f"{rpath}.pluginRef",
+                f"plugin {plugin!r} is not a filter, scorer or picker, so it cannot be "
+                "part of a scheduling profile",
+            )
+        if weight is not None and slot != "scorer":
+            raise ConfigError(
+                f"{rpath}.weight", f"only scorers take a weight; {plugin!r} is a {slot}"
+            )
+        if slot == "picker":
+            if picker is not None:
+                raise ConfigError(
+                    f"{rpath}.pluginRef",
+                    f"profile {name!r} already has picker {picker!r}; a profile has one picker",
+                )
+            picker = plugin  # type: ignore[assignment]
+        elif slot == "scorer":
+            w = 1.0 if weight is None else weight
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+                raise ConfigError(f"{rpath}.weight", f"must be a number >= 0, got {weight!r}")
+            scorers.append(WeightedScorer(plugin, float(w)))  # type: ignore[arg-type]
+        else:
+            filters.append(plugin)  # type: ignore[arg-type]
+    if picker is None:
+        picker = next((p for p in plugins.values() if isinstance(p, Picker)), None)
+        if picker is None:
+            spec = registry.lookup("max-score-picker")
+            assert spec is not None
+            picker = spec.build("max-score-picker", spec.params(), handle)  # type: ignore[assignment]
+            plugins.setdefault("max-score-picker", picker)  # type: ignore[arg-type]
+    return SchedulerProfile(name, filters, scorers, picker)  # type: ignore[arg-type]
+
+
+def _profile_handler(
+    plugins: dict[str, Plugin], profiles: dict[str, SchedulerProfile], handle: Handle
+) -> ProfileHandler:
+    handlers = [p for p in plugins.values() if isinstance(p, ProfileHandler)]
+    if len(handlers) > 1:
+        raise ConfigError(
+            "plugins",
+            f"only one profile handler may be defined; found {', '.join(map(repr, handlers))}",
+        )
+    if not profiles:
+        raise ConfigError("schedulingProfiles", "at least one scheduling profile is needed")
+    if handlers:
+        handler = handlers[0]
+    else:
+        if len(profiles) > 1:
+            raise ConfigError(
+                "plugins",
+                f"{len(profiles)} scheduling profiles need a profile handler that runs several "
+                "(e.g. disagg-profile-handler); single-profile-handler runs exactly one",
+            )
+        spec = registry.lookup("single-profile-handler")
+        assert spec is not None
+        handler = spec.build("single-profile-handler", spec.params(), handle)  # type: ignore[assignment]
+        plugins["single-profile-handler"] = handler  # type: ignore[assignment]
+    if getattr(handler, "type_name", "") == "single-profile-handler" and len(profiles) != 1:
+        raise ConfigError(
+            "schedulingProfiles",
+            f"single-profile-handler runs exactly one profile; {len(profiles)} are defined",
+        )
+    return handler

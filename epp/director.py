@@ -1,0 +1,148 @@
+"""One request's life between parsing and the reply to Envoy, free of any wire format.
+
+Candidates are narrowed in a fixed order: the gateway's subset hint, then endpoints
+that serve the model, then healthy ones. The scheduler runs on that snapshot; the
+chosen endpoints' in-flight counters are taken at pick and given back by `release`,
+which the ext_proc side calls exactly once when the stream ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from epp.config.loader import LoadedConfig
+from epp.datastore import Datastore, EndpointSnapshot
+from epp.errors import EppError, not_found, unavailable
+from epp.observability import REQUEST_ERRORS, REQUESTS_TOTAL, SCHEDULER_ATTEMPTS
+from epp.request import InferenceRequest
+from epp.scheduling.types import ProfileResult, SchedulingResult
+
+log = logging.getLogger("epp.director")
+
+
+@dataclass(slots=True)
+class RoutingDecision:
+    """Where a request goes: destinations best first, extra headers, and what it holds."""
+
+    destinations: list[str]
+    headers: dict[str, str] = field(default_factory=dict)
+    result: SchedulingResult | None = None
+    held: list[tuple[str, int]] = field(default_factory=list)
+    released: bool = False
+
+
+class Director:
+    def __init__(
+        self,
+        datastore: Datastore,
+        config: LoadedConfig,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.datastore = datastore
+        self.config = config
+        self.rng = rng or random.Random()
+
+    def candidates(
+        self, request: InferenceRequest, subset: Sequence[str] | None
+    ) -> list[EndpointSnapshot]:
+        """Endpoints allowed to take `request`; raises EppError(404/503) if none."""
+        snaps = self.datastore.snapshot()
+        if not snaps:
+            raise unavailable("the pool has no endpoints")
+        if subset is not None:
+            snaps = _restrict_to_subset(snaps, subset)
+            if not snaps:
+                raise unavailable(
+                    "no endpoint of the pool is in the gateway's subset hint "
+                    f"({', '.join(subset) or 'empty list'})"
+                )
+        if request.target_model:
+            serving = [s for s in snaps if s.serves(request.target_model)]
+            if not serving:
+                raise not_found(
+                    f"model '{request.target_model}' is not served by this pool"
+                    + _known_models_hint(snaps)
+                )
+            snaps = serving
+        healthy = [s for s in snaps if s.healthy]
+        if not healthy:
+            errors = {self.datastore.last_error(s.name) for s in snaps} - {""}
+            detail = f" (last scrape errors: {'; '.join(sorted(errors))})" if errors else ""
+            raise unavailable(f"none of the {len(snaps)} candidate endpoints is healthy{detail}")
+        return healthy
+
+    def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
+        """Schedule a parsed request; raises EppError for any refusal."""
+        model, target = request.model, request.target_model
+        try:
+            candidates = self.candidates(request, subset)
+            result = self.config.scheduler.schedule(request, candidates)
+        except EppError as e:
+            SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
+            REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
+            raise
+        primary = result.primary.targets[0]
+        SCHEDULER_ATTEMPTS.labels(
+            "success", target, primary.name, "", str(primary.endpoint.port)
+        ).inc()
+        REQUESTS_TOTAL.labels(model, target, "0").inc()
+        decision = RoutingDecision(
+            destinations=[t.hostport for t in result.primary.targets],
+            headers=dict(result.headers),
+            result=result,
+        )
+        self._hold(decision, request, result.profile_results.values())
+        for plugin in self.config.pre_request:
+            try:
+                plugin.pre_request(request, result)
+            except Exception:  # a broken hook must not lose the request
+                log.exception("pre-request plugin %r failed", plugin)
+        return decision
+
+    def route_bodyless(
+        self, request: InferenceRequest, subset: Sequence[str] | None
+    ) -> RoutingDecision:
+        """A request without a body (GET): any healthy endpoint, chosen at random."""
+        candidates = self.candidates(request, subset)
+        chosen = candidates[self.rng.randrange(len(candidates))]
+        decision = RoutingDecision(destinations=[chosen.hostport])
+        decision.held.append((chosen.name, 0))
+        self.datastore.acquire(chosen.name, 0)
+        return decision
+
+    def _hold(
+        self,
+        decision: RoutingDecision,
+        request: InferenceRequest,
+        results: object,
+    ) -> None:
+        tokens = request.prompt_tokens_estimate + request.expected_output_tokens
+        for res in results:  # type: ignore[attr-defined]
+            if isinstance(res, ProfileResult) and res.targets:
+                name = res.targets[0].name
+                decision.held.append((name, tokens))
+                self.datastore.acquire(name, tokens)
+
+    def release(self, decision: RoutingDecision) -> None:
+        if decision.released:
+            return
+        decision.released = True
+        for name, tokens in decision.held:
+            self.datastore.release(name, tokens)
+
+
+def _restrict_to_subset(
+    snaps: list[EndpointSnapshot], subset: Sequence[str]
+) -> list[EndpointSnapshot]:
+    """Keep endpoints named by the hint: `ip:port` matches exactly, a bare `ip` any port."""
+    exact = set(subset)
+    addresses = {s for s in subset if ":" not in s or (s.startswith("[") and s.endswith("]"))}
+    return [s for s in snaps if s.hostport in exact or s.endpoint.address in addresses]
+
+
+def _known_models_hint(snaps: list[EndpointSnapshot]) -> str:
+    known = sorted(set().union(*(s.models or () for s in snaps)))
+    return f"; served models: {', '.join(known)}" if known else ""

@@ -1,0 +1,1 @@
+"""The Envoy ext_proc side: protobuf messages in, routing decisions out."""

@@ -1,0 +1,194 @@
+"""One ext_proc stream (= one HTTP request) as an explicit state machine.
+
+`handle(message) -> responses` is synchronous and pure apart from the director's
+accounting, so tests drive it with exact protobufs and compare exact protobufs.
+
+Body modes differ in what Envoy waits for:
+- FULL_DUPLEX_STREAMED (what gateways use): Envoy streams headers and body chunks
+  without waiting; we hold everything until end of stream, then send the header
+  response (destination, clear_route_cache) and the whole body back as
+  `streamed_response` chunks of at most 62,000 bytes. A normal body mutation is
+  rejected by Envoy in this mode.
+- BUFFERED: Envoy waits for the header response before sending the one body message,
+  so headers are answered at once (client routing headers removed) and the
+  destination travels as a header mutation on the body response.
+- STREAMED: like BUFFERED, but one response per chunk; held until the last chunk so
+  the destination is known, the first carrying the header mutation.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.director import Director, RoutingDecision
+from epp.errors import EppError, too_large
+from epp.extproc import messages as m
+from epp.request import HEADER_REQUEST_ID, InferenceRequest, new_request, parse_body
+
+log = logging.getLogger("epp.extproc")
+
+_MODES = processing_mode_pb2.ProcessingMode
+FULL_DUPLEX = _MODES.FULL_DUPLEX_STREAMED
+BUFFERED = _MODES.BUFFERED
+STREAMED = _MODES.STREAMED
+
+
+class Phase(enum.Enum):
+    AWAIT_HEADERS = "await_headers"
+    GATHER_BODY = "gather_body"
+    ROUTED = "routed"
+    REJECTED = "rejected"
+
+
+class RequestStream:
+    def __init__(self, director: Director, max_body_bytes: int) -> None:
+        self.director = director
+        self.max_body_bytes = max_body_bytes
+        self.phase = Phase.AWAIT_HEADERS
+        self.request_body_mode = FULL_DUPLEX
+        self.response_body_mode = _MODES.NONE
+        self.request: InferenceRequest | None = None
+        self.decision: RoutingDecision | None = None
+        self.subset: list[str] | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._generated_id = False
+        self._awaiting_trailers = False
+
+    # ---- entry points -----------------------------------------------------
+    def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        if self.phase is Phase.REJECTED:
+            return []  # Envoy has our ImmediateResponse; anything else is moot
+        if msg.HasField("protocol_config"):
+            self.request_body_mode = msg.protocol_config.request_body_mode or FULL_DUPLEX
+            self.response_body_mode = msg.protocol_config.response_body_mode
+        try:
+            if kind == "request_headers":
+                return self._on_request_headers(msg)
+            if kind == "request_body":
+                return self._on_request_body(msg.request_body)
+            if kind == "request_trailers":
+                return self._on_request_trailers()
+            if kind == "response_headers":
+                return [m.response_headers_passthrough()]
+            if kind == "response_body":
+                streamed = self.response_body_mode == FULL_DUPLEX
+                return m.response_body_passthrough(msg.response_body, streamed)
+            if kind == "response_trailers":
+                return [m.response_trailers_passthrough()]
+        except EppError as e:
+            return self._reject(e)
+        log.warning("ignoring ext_proc message of unknown kind %r", kind)
+        return []
+
+    def close(self) -> None:
+        """The stream ended (normally, by error or by cancellation): give back what we hold."""
+        if self.decision is not None:
+            self.director.release(self.decision)
+
+    # ---- request phases ---------------------------------------------------
+    def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        if self.phase is not Phase.AWAIT_HEADERS:
+            raise EppError(400, "request headers received twice on one stream")
+        headers = m.header_map(msg.request_headers)
+        req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
+        self._generated_id = HEADER_REQUEST_ID not in headers or not headers[HEADER_REQUEST_ID]
+        self.request = req
+        self.subset = m.subset_hint(msg)
+        if msg.request_headers.end_of_stream:
+            self.decision = self.director.route_bodyless(req, self.subset)
+            self.phase = Phase.ROUTED
+            return [
+                m.headers_response(
+                    m.header_mutation(self._routing_headers(None), self._removals()),
+                    clear_route_cache=True,
+                    metadata=m.destination_metadata(self.decision.destinations),
+                )
+            ]
+        self.phase = Phase.GATHER_BODY
+        if self.request_body_mode == FULL_DUPLEX:
+            return []
+        # Envoy waits for this answer before it sends the body.
+        return [m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))]
+
+    def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        if self.phase is not Phase.GATHER_BODY:
+            raise EppError(400, "request body received before headers or after routing")
+        self._size += len(body.body)
+        if self._size > self.max_body_bytes:
+            raise too_large(
+                f"request body exceeds the limit of {self.max_body_bytes} bytes "
+                "(set by epp serve --max-body-bytes)"
+            )
+        self._chunks.append(body.body)
+        if not body.end_of_stream:
+            return []
+        return self._complete(trailers=False)
+
+    def _on_request_trailers(self) -> list[pb.ProcessingResponse]:
+        if self.phase is Phase.GATHER_BODY:
+            # The body ended without end_of_stream: trailers close the request.
+            return [*self._complete(trailers=True), m.request_trailers_response()]
+        return [m.request_trailers_response()]
+
+    def _complete(self, trailers: bool) -> list[pb.ProcessingResponse]:
+        assert self.request is not None
+        raw = b"".join(self._chunks)
+        n_chunks = len(self._chunks)
+        self._chunks = []
+        req = parse_body(self.request, raw)
+        self.decision = self.director.route(req, self.subset)
+        self.phase = Phase.ROUTED
+        new_body = req.body_for_upstream()
+        body = new_body if new_body is not None else raw
+        mutation = m.header_mutation(self._routing_headers(body), self._removals())
+        metadata = m.destination_metadata(self.decision.destinations)
+        mode = self.request_body_mode
+        if mode == FULL_DUPLEX:
+            return [
+                m.headers_response(mutation, clear_route_cache=True, metadata=metadata),
+                *m.streamed_body_responses(body, end_of_stream=not trailers),
+            ]
+        first = m.buffered_body_response(mutation, new_body, True, metadata)
+        if mode == STREAMED and n_chunks > 1:
+            # One answer per chunk; when the body changed, the first carries all of it.
+            rest = []
+            for _ in range(n_chunks - 1):
+                r = m.empty_request_body_response()
+                if new_body is not None:
+                    r.request_body.response.body_mutation.clear_body = True
+                rest.append(r)
+            return [first, *rest]
+        return [first]
+
+    # ---- helpers ----------------------------------------------------------
+    def _routing_headers(self, body: bytes | None) -> dict[str, str]:
+        assert self.decision is not None and self.request is not None
+        out = {m.DESTINATION_HEADER: self.decision.destinations[0]}
+        out.update(self.decision.headers)
+        if self._generated_id:
+            out[HEADER_REQUEST_ID] = self.request.request_id
+        if body is not None:
+            out["content-length"] = str(len(body))
+        return out
+
+    def _removals(self) -> list[str]:
+        assert self.decision is not None
+        # The destination header is overwritten by the set, so only the others go.
+        return [
+            h
+            for h in m.CLIENT_FORBIDDEN_HEADERS
+            if h != m.DESTINATION_HEADER and h not in self.decision.headers
+        ]
+
+    def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
+        self.phase = Phase.REJECTED
+        self._chunks = []
+        rid = self.request.request_id if self.request else "-"
+        log.info("request %s refused: %s", rid, error)
+        return [m.immediate_response(error)]

@@ -1,0 +1,272 @@
+"""`epp serve`: the endpoint picker process.
+
+Wires the pieces: endpoints (file and flags) → datastore, the metrics scraper filling
+it, the config's scheduler behind a director, the ext_proc and health gRPC servers and
+the Prometheus /metrics endpoint. `EppServer` is the same thing in-process, for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from epp.config.errors import ConfigError
+from epp.config.loader import LoadedConfig, load_config_file, load_default_config
+from epp.datalayer.endpoints_file import EndpointsError, load_endpoints_file, parse_endpoint_flag
+from epp.datalayer.scraper import MetricsScraper
+from epp.datastore import Datastore, Endpoint
+from epp.director import Director
+from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
+from epp.observability import REGISTRY, register_pool
+from epp.scheduling.registry import Handle
+
+log = logging.getLogger("epp")
+
+
+@dataclass
+class ServeOptions:
+    host: str = "0.0.0.0"
+    grpc_port: int = 9002
+    health_port: int = 9003
+    metrics_port: int = 9090
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    refresh_metrics_interval: float = 0.05
+    metrics_staleness_threshold: float = 2.0
+    scrape_timeout: float = 1.0
+    pool_name: str = "default"
+    scrape: bool = True
+    endpoints: list[Endpoint] = field(default_factory=list)
+
+
+class EppServer:
+    """The whole EPP in one object: `await start()`, serve, `await stop()`."""
+
+    def __init__(
+        self, options: ServeOptions, config: LoadedConfig | None = None, seed: int | None = None
+    ) -> None:
+        self.options = options
+        rng = random.Random(seed)
+        self.config = config or load_default_config(Handle(rng=rng))
+        self.datastore = Datastore(
+            staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
+        )
+        self.datastore.set_endpoints(options.endpoints)
+        self.director = Director(self.datastore, self.config, rng)
+        self.scraper: MetricsScraper | None = None
+        self._servers: list = []
+        self._runner: web.AppRunner | None = None
+        self.grpc_port = 0
+        self.health_port = 0
+        self.metrics_port = 0
+        self.servicer = None
+
+    async def start(self) -> None:
+        o = self.options
+        register_pool(o.pool_name, self.datastore.snapshot)
+        source = self.config.plugins_of(_metrics_source_type())
+        scheme, path = ("http", "/metrics")
+        if source:
+            scheme, path = source[0].params.scheme, source[0].params.path
+        if o.scrape:
+            self.scraper = MetricsScraper(
+                self.datastore,
+                interval=o.refresh_metrics_interval,
+                timeout=o.scrape_timeout,
+                scheme=scheme,
+                path=path,
+            )
+            await self.scraper.start()
+        main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
+            self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
+        )
+        self._servers = [main, health_srv]
+        self.servicer = servicer
+        self.grpc_port, self.health_port = gport, hport
+        self.datastore.on_change(lambda: asyncio.ensure_future(health.refresh()))
+        self._runner, self.metrics_port = await _start_metrics_http(self, o.host, o.metrics_port)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            await server.stop(grace=1.0)
+        self._servers = []
+        if self.scraper is not None:
+            await self.scraper.stop()
+            self.scraper = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> EppServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _metrics_source_type() -> type:
+    from plugins.datalayer.sources import MetricsDataSource
+
+    return MetricsDataSource
+
+
+async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def endpoints(_: web.Request) -> web.Response:
+        ds = server.datastore
+        rows = [
+            {
+                "name": s.name,
+                "address": s.hostport,
+                "labels": dict(s.endpoint.labels),
+                "healthy": s.healthy,
+                "last_error": ds.last_error(s.name),
+                "models": sorted(s.models) if s.models is not None else None,
+                "waiting": s.metrics.waiting_queue_size,
+                "running": s.metrics.running_requests,
+                "kv_cache_usage": s.metrics.kv_cache_usage,
+                "inflight_requests": s.inflight_requests,
+                "inflight_tokens": s.inflight_tokens,
+            }
+            for s in ds.snapshot()
+        ]
+        return web.json_response(rows, dumps=lambda o: json.dumps(o, indent=2))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/endpoints", endpoints)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, bound
+
+
+# ---- CLI ------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", help="EndpointPickerConfig YAML (default: built-in queue+KV profile)"
+    )
+    p.add_argument("--endpoints", metavar="FILE", help="YAML list of {name, address, port, labels}")
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=HOST:PORT[;LABEL=VALUE...]",
+        help="an endpoint of the pool (repeatable)",
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (9002)")
+    p.add_argument("--health-port", type=int, default=9003, help="gRPC health port (9003)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (9090)")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"request bodies above this get 413 (default {DEFAULT_MAX_BODY_BYTES})",
+    )
+    p.add_argument(
+        "--refresh-metrics-interval",
+        type=float,
+        default=0.05,
+        metavar="SECONDS",
+        help="how often each endpoint's /metrics is scraped (0.05)",
+    )
+    p.add_argument(
+        "--metrics-staleness-threshold",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="an endpoint whose last good scrape is older is unhealthy (2.0)",
+    )
+    p.add_argument("--scrape-timeout", type=float, default=1.0, metavar="SECONDS", help="(1.0)")
+    p.add_argument(
+        "--pool-name", default="default", help="the name label of inference_pool_* gauges"
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedConfig]:
+    """Validate everything before any port is opened; raises ConfigError / EndpointsError."""
+    endpoints: list[Endpoint] = []
+    if args.endpoints:
+        endpoints += load_endpoints_file(args.endpoints)
+    for i, flag in enumerate(args.endpoint):
+        endpoints.append(parse_endpoint_flag(flag, where=f"--endpoint #{i + 1}"))
+    names = [e.name for e in endpoints]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise EndpointsError(f"duplicate endpoint names across --endpoints/--endpoint: {dupes}")
+    handle = Handle(rng=random.Random(args.seed))
+    config = load_config_file(args.config, handle) if args.config else load_default_config(handle)
+    for name in ("refresh_metrics_interval", "metrics_staleness_threshold", "scrape_timeout"):
+        if getattr(args, name) <= 0:
+            raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
+    if args.max_body_bytes <= 0:
+        raise ConfigError("", "--max-body-bytes must be > 0")
+    opts = ServeOptions(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        max_body_bytes=args.max_body_bytes,
+        refresh_metrics_interval=args.refresh_metrics_interval,
+        metrics_staleness_threshold=args.metrics_staleness_threshold,
+        scrape_timeout=args.scrape_timeout,
+        pool_name=args.pool_name,
+        endpoints=endpoints,
+    )
+    return opts, config
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        opts, config = options_from_args(args)
+    except (ConfigError, EndpointsError) as e:
+        print(f"epp serve: {e}", file=sys.stderr)
+        return 2
+    if not opts.endpoints:
+        log.warning("no endpoints given (--endpoints/--endpoint): every request will get 503")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(opts, config, args.seed))
+    return 0
+
+
+async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> None:
+    server = EppServer(opts, config, seed)
+    await server.start()
+    log.info("%s", config.describe())
+    print(
+        f"epp serving ext_proc on {opts.host}:{server.grpc_port} "
+        f"(health {server.health_port}, metrics {server.metrics_port}) "
+        f"with {len(opts.endpoints)} endpoints",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()

@@ -1,0 +1,1 @@
+from plugins.datalayer import sources  # noqa: F401

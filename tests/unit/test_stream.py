@@ -1,0 +1,300 @@
+"""The ext_proc state machine, driven with exact protobufs and checked on exact protobufs."""
+
+import json
+import random
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.config.loader import load_default_config
+from epp.datastore import Datastore, Endpoint, EndpointMetrics
+from epp.director import Director
+from epp.extproc import messages as m
+from epp.extproc.stream import Phase, RequestStream
+from epp.scheduling.registry import Handle
+
+MODES = processing_mode_pb2.ProcessingMode
+
+
+def make_director(n=2, models=None):
+    ds = Datastore(require_metrics=False)
+    ds.set_endpoints([Endpoint(f"e{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)])
+    if models is not None:
+        for e in ds.endpoints():
+            ds.set_models(e.name, models)
+    cfg = load_default_config(Handle(rng=random.Random(0)))
+    return Director(ds, cfg, random.Random(0)), ds
+
+
+def headers_msg(headers: dict[str, str], eos=False, mode=MODES.FULL_DUPLEX_STREAMED, subset=None):
+    msg = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
+                ]
+            ),
+            end_of_stream=eos,
+        ),
+        protocol_config=pb.ProtocolConfiguration(request_body_mode=mode),
+    )
+    if subset is not None:
+        ns = msg.metadata_context.filter_metadata[m.SUBSET_NAMESPACE]
+        lst = ns.fields[m.SUBSET_KEY].list_value
+        for s in subset:
+            lst.values.add().string_value = s
+    return msg
+
+
+def body_msg(data: bytes, eos: bool):
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=eos))
+
+
+BASE_HEADERS = {":path": "/v1/completions", ":method": "POST", "x-request-id": "rid-7"}
+BODY = json.dumps({"model": "m", "prompt": "hello there"}).encode()
+
+
+def expected_headers_response(dest: str, extra: dict[str, str], length: int | None):
+    set_headers = {m.DESTINATION_HEADER: dest, **extra}
+    if length is not None:
+        set_headers["content-length"] = str(length)
+    return m.headers_response(
+        m.header_mutation(set_headers, [m.PREFILL_HEADER]),
+        clear_route_cache=True,
+        metadata=m.destination_metadata([dest]),
+    )
+
+
+def test_full_duplex_holds_headers_until_body_complete_then_answers_in_order():
+    director, ds = make_director()
+    s = RequestStream(director, 1 << 20)
+    assert s.handle(headers_msg(BASE_HEADERS)) == []
+    assert s.handle(body_msg(BODY[:10], False)) == []
+    out = s.handle(body_msg(BODY[10:], True))
+    dest = out[0].request_headers.response.header_mutation.set_headers[0].header.raw_value.decode()
+    assert dest in ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert out == [
+        expected_headers_response(dest, {}, len(BODY)),
+        pb.ProcessingResponse(
+            request_body=pb.BodyResponse(
+                response=pb.CommonResponse(
+                    body_mutation=pb.BodyMutation(
+                        streamed_response=pb.StreamedBodyResponse(body=BODY, end_of_stream=True)
+                    )
+                )
+            )
+        ),
+    ]
+    assert s.phase is Phase.ROUTED
+    name = ds.by_hostport(dest).name
+    assert ds.inflight(name)[0] == 1
+    s.close()
+    assert ds.inflight(name) == (0, 0)
+    s.close()  # idempotent
+    assert ds.inflight(name) == (0, 0)
+
+
+def test_large_body_is_returned_in_62000_byte_streamed_chunks():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 22)
+    big = json.dumps({"model": "m", "prompt": "x" * 200_000}).encode()
+    s.handle(headers_msg(BASE_HEADERS))
+    out = s.handle(body_msg(big, True))
+    chunks = [r.request_body.response.body_mutation.streamed_response for r in out[1:]]
+    assert [len(c.body) for c in chunks] == [62_000, 62_000, 62_000, len(big) - 186_000]
+    assert [c.end_of_stream for c in chunks] == [False, False, False, True]
+    assert b"".join(c.body for c in chunks) == big
+
+
+def test_client_routing_headers_are_overwritten_and_removed():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    hdrs = {**BASE_HEADERS, m.DESTINATION_HEADER: "6.6.6.6:1", m.PREFILL_HEADER: "6.6.6.6:2"}
+    s.handle(headers_msg(hdrs))
+    out = s.handle(body_msg(BODY, True))
+    mut = out[0].request_headers.response.header_mutation
+    dest = [h.header.raw_value for h in mut.set_headers if h.header.key == m.DESTINATION_HEADER]
+    assert dest[0] != b"6.6.6.6:1"
+    assert mut.set_headers[0].append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    assert list(mut.remove_headers) == [m.PREFILL_HEADER]
+
+
+def test_request_id_generated_and_injected_when_absent():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg({":path": "/v1/completions", ":method": "POST"}))
+    out = s.handle(body_msg(BODY, True))
+    keys = {
+        h.header.key: h.header.raw_value.decode()
+        for h in out[0].request_headers.response.header_mutation.set_headers
+    }
+    assert keys["x-request-id"] == s.request.request_id and len(keys["x-request-id"]) == 36
+
+
+def test_model_rewrite_changes_body_and_content_length():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg({**BASE_HEADERS, "x-gateway-model-name-rewrite": "m-longer-name"}))
+    out = s.handle(body_msg(BODY, True))
+    new_body = out[1].request_body.response.body_mutation.streamed_response.body
+    assert json.loads(new_body)["model"] == "m-longer-name"
+    keys = {
+        h.header.key: h.header.raw_value.decode()
+        for h in out[0].request_headers.response.header_mutation.set_headers
+    }
+    assert keys["content-length"] == str(len(new_body))
+
+
+def test_bodyless_get_goes_to_a_random_healthy_endpoint():
+    director, _ = make_director(n=4)
+    seen = set()
+    for _ in range(60):
+        s = RequestStream(director, 1 << 20)
+        (resp,) = s.handle(headers_msg({":path": "/v1/models", ":method": "GET"}, eos=True))
+        assert resp.request_headers.response.clear_route_cache
+        seen.add(resp.request_headers.response.header_mutation.set_headers[0].header.raw_value)
+        s.close()
+    assert len(seen) == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{oops", 400, "not valid JSON"),
+        (b"[]", 400, "JSON object"),
+        (
+            json.dumps({"model": "other", "prompt": "p"}).encode(),
+            404,
+            "model 'other' is not served",
+        ),
+    ],
+)
+def test_errors_become_immediate_responses_with_json_body(body, status, fragment):
+    director, ds = make_director(models=["m"])
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    (resp,) = s.handle(body_msg(body, True))
+    ir = resp.immediate_response
+    assert ir.status.code == status
+    assert fragment in json.loads(ir.body)["error"]["message"]
+    assert ir.headers.set_headers[0].header.key == "content-type"
+    assert s.phase is Phase.REJECTED
+    assert s.handle(body_msg(b"more", True)) == []  # nothing after a rejection
+    s.close()
+    assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())
+
+
+def test_body_over_limit_gets_413_before_end_of_stream():
+    director, _ = make_director()
+    s = RequestStream(director, 100)
+    s.handle(headers_msg(BASE_HEADERS))
+    assert s.handle(body_msg(b"x" * 60, False)) == []
+    (resp,) = s.handle(body_msg(b"x" * 60, False))
+    assert resp.immediate_response.status.code == 413
+
+
+def test_subset_hint_restricts_and_empty_subset_is_503():
+    director, _ = make_director(n=3)
+    for _ in range(20):
+        s = RequestStream(director, 1 << 20)
+        s.handle(headers_msg(BASE_HEADERS, subset=["10.0.0.3:8000"]))
+        out = s.handle(body_msg(BODY, True))
+        assert (
+            out[0].request_headers.response.header_mutation.set_headers[0].header.raw_value
+            == b"10.0.0.3:8000"
+        )
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS, subset=[]))
+    (resp,) = s.handle(body_msg(BODY, True))
+    assert resp.immediate_response.status.code == 503
+
+
+def test_no_endpoints_is_503():
+    ds = Datastore(require_metrics=False)
+    director = Director(ds, load_default_config(), random.Random(0))
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    (resp,) = s.handle(body_msg(BODY, True))
+    assert resp.immediate_response.status.code == 503
+    assert b"no endpoints" in resp.immediate_response.body
+
+
+def test_unhealthy_endpoints_are_skipped_while_a_healthy_one_exists():
+    now = [100.0]
+    ds = Datastore(staleness=1.0, clock=lambda: now[0])
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 1), Endpoint("b", "10.0.0.2", 1)])
+    ds.update_metrics("a", EndpointMetrics(update_time=100.0))
+    ds.update_metrics("b", EndpointMetrics(update_time=100.0))
+    ds.mark_scrape_failed("b", "connection refused")
+    director = Director(ds, load_default_config(), random.Random(0))
+    for _ in range(10):
+        s = RequestStream(director, 1 << 20)
+        s.handle(headers_msg(BASE_HEADERS))
+        out = s.handle(body_msg(BODY, True))
+        assert (
+            out[0].request_headers.response.header_mutation.set_headers[0].header.raw_value
+            == b"10.0.0.1:1"
+        )
+        s.close()
+    now[0] = 102.0  # a's scrape is now stale too
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    (resp,) = s.handle(body_msg(BODY, True))
+    assert resp.immediate_response.status.code == 503
+    assert b"connection refused" in resp.immediate_response.body
+
+
+def test_buffered_mode_answers_headers_first_then_routes_on_body():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    (first,) = s.handle(
+        headers_msg({**BASE_HEADERS, m.DESTINATION_HEADER: "6.6.6.6:1"}, mode=MODES.BUFFERED)
+    )
+    assert first == m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))
+    (resp,) = s.handle(body_msg(BODY, True))
+    common = resp.request_body.response
+    assert common.clear_route_cache
+    assert common.header_mutation.set_headers[0].header.key == m.DESTINATION_HEADER
+    assert not common.HasField("body_mutation")  # body unchanged: no mutation
+    assert (
+        resp.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields[m.DESTINATION_HEADER]
+        .string_value
+    )
+
+
+def test_streamed_mode_answers_every_chunk_at_end():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS, mode=MODES.STREAMED))
+    assert s.handle(body_msg(BODY[:5], False)) == []
+    assert s.handle(body_msg(BODY[5:9], False)) == []
+    out = s.handle(body_msg(BODY[9:], True))
+    assert len(out) == 3
+    assert out[0].request_body.response.header_mutation.set_headers
+
+
+def test_trailers_end_the_body_in_full_duplex():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    assert s.handle(body_msg(BODY, False)) == []
+    out = s.handle(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    assert out[0].HasField("request_headers")
+    assert out[1].request_body.response.body_mutation.streamed_response.end_of_stream is False
+    assert out[-1] == pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def test_response_phases_pass_through():
+    director, _ = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    s.handle(body_msg(BODY, True))
+    assert s.handle(pb.ProcessingRequest(response_headers=pb.HttpHeaders())) == [
+        pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    ]
+    assert s.handle(pb.ProcessingRequest(response_trailers=pb.HttpTrailers())) == [
+        pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    ]
