@@ -88,6 +88,11 @@ class _EndpointState:
     scrape_ok: bool = False
     last_error: str = ""
     models: frozenset[str] | None = None
+    # The snapshot handed to scheduling, rebuilt only after a change, and the clock
+    # reading until which its `healthy=True` holds (staleness is the only change that
+    # happens by time alone).
+    snap: EndpointSnapshot | None = None
+    healthy_until: float = 0.0
 
 
 class Datastore:
@@ -151,6 +156,7 @@ class Datastore:
         s.metrics = metrics
         s.scrape_ok = True
         s.last_error = ""
+        s.snap = None
 
     def mark_scrape_failed(self, name: str, error: str) -> None:
         s = self._states.get(name)
@@ -158,12 +164,14 @@ class Datastore:
             return
         s.scrape_ok = False
         s.last_error = error
+        s.snap = None
 
     def set_models(self, name: str, models: Iterable[str]) -> None:
         """Models the endpoint reports serving (/v1/models); None means not yet known."""
         s = self._states.get(name)
         if s is not None:
             s.models = frozenset(models)
+            s.snap = None
 
     def models(self, name: str) -> frozenset[str] | None:
         s = self._states.get(name)
@@ -194,12 +202,14 @@ class Datastore:
         if s is not None:
             s.inflight_requests += 1
             s.inflight_tokens += tokens
+            s.snap = None
 
     def release(self, name: str, tokens: int = 0) -> None:
         s = self._states.get(name)
         if s is not None:
             s.inflight_requests = max(0, s.inflight_requests - 1)
             s.inflight_tokens = max(0, s.inflight_tokens - tokens)
+            s.snap = None
 
     def inflight(self, name: str) -> tuple[int, int]:
         s = self._states.get(name)
@@ -207,18 +217,29 @@ class Datastore:
 
     # ---- what scheduling sees --------------------------------------------
     def snapshot(self) -> list[EndpointSnapshot]:
+        """Immutable per-endpoint views; unchanged endpoints reuse their last view."""
         now = self.clock()
-        return [
-            EndpointSnapshot(
-                endpoint=s.endpoint,
-                metrics=s.metrics,
-                inflight_requests=s.inflight_requests,
-                inflight_tokens=s.inflight_tokens,
-                healthy=self._healthy(s, now),
-                models=s.models,
-            )
-            for s in self._states.values()
-        ]
+        out = []
+        for s in self._states.values():
+            snap = s.snap
+            if snap is None or (snap.healthy and now > s.healthy_until):
+                healthy = self._healthy(s, now)
+                snap = EndpointSnapshot(
+                    endpoint=s.endpoint,
+                    metrics=s.metrics,
+                    inflight_requests=s.inflight_requests,
+                    inflight_tokens=s.inflight_tokens,
+                    healthy=healthy,
+                    models=s.models,
+                )
+                s.snap = snap
+                s.healthy_until = (
+                    float("inf")
+                    if not self.require_metrics
+                    else s.metrics.update_time + self.staleness
+                )
+            out.append(snap)
+        return out
 
 
 def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:

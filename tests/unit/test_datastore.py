@@ -1,0 +1,65 @@
+"""Datastore: health from scrape age, in-flight counters, snapshot reuse."""
+
+from epp.datastore import Datastore, Endpoint, EndpointMetrics
+
+
+def make(now):
+    ds = Datastore(staleness=2.0, clock=lambda: now[0])
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80), Endpoint("b", "10.0.0.2", 80)])
+    return ds
+
+
+def test_never_scraped_is_unhealthy_then_healthy_then_stale():
+    now = [10.0]
+    ds = make(now)
+    assert [s.healthy for s in ds.snapshot()] == [False, False]
+    ds.update_metrics("a", EndpointMetrics(waiting_queue_size=3, update_time=10.0))
+    assert [s.healthy for s in ds.snapshot()] == [True, False]
+    now[0] = 11.9
+    assert ds.snapshot()[0].healthy
+    now[0] = 12.1
+    assert not ds.snapshot()[0].healthy  # stale by time alone
+    ds.update_metrics("a", EndpointMetrics(update_time=12.1))
+    assert ds.snapshot()[0].healthy  # recovery is automatic
+
+
+def test_failed_scrape_marks_unhealthy_and_keeps_reason():
+    now = [0.0]
+    ds = make(now)
+    ds.update_metrics("a", EndpointMetrics(update_time=0.0))
+    ds.mark_scrape_failed("a", "connection refused")
+    assert not ds.is_healthy("a")
+    assert ds.last_error("a") == "connection refused"
+
+
+def test_inflight_counts_show_in_snapshot_and_never_go_negative():
+    ds = Datastore(require_metrics=False)
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80)])
+    ds.acquire("a", 100)
+    ds.acquire("a", 50)
+    (s,) = ds.snapshot()
+    assert (s.inflight_requests, s.inflight_tokens) == (2, 150)
+    for _ in range(3):
+        ds.release("a", 100)
+    assert ds.inflight("a") == (0, 0)
+
+
+def test_unchanged_endpoint_reuses_its_snapshot_object():
+    ds = Datastore(require_metrics=False)
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80), Endpoint("b", "10.0.0.2", 80)])
+    first = ds.snapshot()
+    ds.acquire("b")
+    second = ds.snapshot()
+    assert second[0] is first[0]
+    assert second[1] is not first[1] and second[1].inflight_requests == 1
+
+
+def test_set_endpoints_keeps_state_of_known_endpoints():
+    ds = Datastore(require_metrics=False)
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80)])
+    ds.acquire("a")
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80), Endpoint("c", "10.0.0.3", 80)])
+    assert ds.inflight("a") == (1, 0)
+    assert ds.by_hostport("10.0.0.3:80").name == "c"
+    ds.set_endpoints([Endpoint("c", "10.0.0.3", 80)])
+    assert ds.get("a") is None and ds.inflight("a") == (0, 0)
