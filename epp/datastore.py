@@ -131,8 +131,10 @@ class Datastore:
         for fn in self._listeners:
             fn()
 
-    def on_change(self, fn: Callable[[], None]) -> None:
+    def on_change(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call `fn` after every membership change; returns a function that unsubscribes."""
         self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
 
     def endpoints(self) -> list[Endpoint]:
         return [s.endpoint for s in self._states.values()]

@@ -22,8 +22,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
-from epp.datalayer.endpoints_file import EndpointsError, load_endpoints_file, parse_endpoint_flag
-from epp.datalayer.scraper import MetricsScraper
+from epp.datalayer.endpoints_file import (
+    EndpointsError,
+    load_endpoints_file,
+    parse_endpoint_args,
+)
+from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
@@ -73,19 +77,9 @@ class EppServer:
     async def start(self) -> None:
         o = self.options
         register_pool(o.pool_name, self.datastore.snapshot)
-        source = self.config.plugins_of(_metrics_source_type())
-        scheme, path = ("http", "/metrics")
-        if source:
-            scheme, path = source[0].params.scheme, source[0].params.path
         if o.scrape:
-            self.scraper = MetricsScraper(
-                self.datastore,
-                interval=o.refresh_metrics_interval,
-                timeout=o.scrape_timeout,
-                scheme=scheme,
-                path=path,
-            )
-            await self.scraper.start()
+            self.scraper = MetricsScraper(self.datastore, self._scrape_config())
+            self.scraper.start()
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
             self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
         )
@@ -94,6 +88,23 @@ class EppServer:
         self.grpc_port, self.health_port = gport, hport
         self.datastore.on_change(lambda: asyncio.ensure_future(health.refresh()))
         self._runner, self.metrics_port = await _start_metrics_http(self, o.host, o.metrics_port)
+
+    def _scrape_config(self) -> ScrapeConfig:
+        """Scrape settings from the flags plus the config's data-layer plugins, if any."""
+        from plugins.datalayer.sources import CoreMetricsExtractor, MetricsDataSource
+
+        o = self.options
+        extra: dict[str, object] = {}
+        for source in self.config.plugins_of(MetricsDataSource):
+            p = source.params
+            extra.update(scheme=p.scheme, path=p.path, insecure_skip_verify=p.insecure_skip_verify)
+        for extractor in self.config.plugins_of(CoreMetricsExtractor):
+            p = extractor.params
+            keys = (p.engine_label_key, *ScrapeConfig().engine_label_keys)
+            extra.update(default_engine=p.default_engine, engine_label_keys=keys)
+        return ScrapeConfig(
+            interval=o.refresh_metrics_interval, timeout=o.scrape_timeout, **extra  # type: ignore[arg-type]
+        )
 
     async def stop(self) -> None:
         for server in self._servers:
@@ -112,12 +123,6 @@ class EppServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-def _metrics_source_type() -> type:
-    from plugins.datalayer.sources import MetricsDataSource
-
-    return MetricsDataSource
 
 
 async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -209,8 +214,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     endpoints: list[Endpoint] = []
     if args.endpoints:
         endpoints += load_endpoints_file(args.endpoints)
-    for i, flag in enumerate(args.endpoint):
-        endpoints.append(parse_endpoint_flag(flag, where=f"--endpoint #{i + 1}"))
+    endpoints += parse_endpoint_args(args.endpoint)
     names = [e.name for e in endpoints]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

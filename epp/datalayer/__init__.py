@@ -1,0 +1,45 @@
+"""Filling the datastore: endpoint discovery and model-server metrics.
+
+- `promtext`: a Prometheus text-format reader that parses only the wanted families.
+- `metric_maps`: per-engine metric names (vLLM, SGLang, TRT-LLM) → `EndpointMetrics`.
+- `scraper`: `MetricsScraper`, one polling task per endpoint.
+- `endpoints_file`: static endpoints from YAML or `name=host:port;label=value` flags.
+"""
+
+from epp.datalayer.endpoints_file import (
+    EndpointsError,
+    load_endpoints_file,
+    parse_endpoint_arg,
+    parse_endpoint_args,
+    parse_endpoints,
+    watch_endpoints_file,
+)
+from epp.datalayer.metric_maps import (
+    ENGINES,
+    EngineMap,
+    MetricsExtractError,
+    MetricSpec,
+    engine_for,
+    extract,
+)
+from epp.datalayer.promtext import Sample, parse
+from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
+
+__all__ = [
+    "ENGINES",
+    "EndpointsError",
+    "EngineMap",
+    "MetricSpec",
+    "MetricsExtractError",
+    "MetricsScraper",
+    "Sample",
+    "ScrapeConfig",
+    "engine_for",
+    "extract",
+    "load_endpoints_file",
+    "parse",
+    "parse_endpoint_arg",
+    "parse_endpoint_args",
+    "parse_endpoints",
+    "watch_endpoints_file",
+]

@@ -1,0 +1,388 @@
+"""Background polling of every endpoint's `/metrics` (and `/v1/models`) into the datastore.
+
+One asyncio task per endpoint, as upstream runs one collector goroutine per endpoint:
+a slow or dead server then delays only its own scrapes. Each task polls every
+`interval` (50 ms by default, upstream's `--refresh-metrics-interval`) with a
+`timeout` per scrape (1 s), parses only the families its engine map needs, and
+writes an `EndpointMetrics` stamped with the datastore's clock, so health
+(`Datastore.is_healthy`) is judged on the same clock as staleness.
+
+Failures (connection refused, timeout, HTTP status, a page without the engine's
+metrics) mark the endpoint failed with a short reason. They are logged only when an
+endpoint starts failing and when it recovers: at 20 scrapes a second, one line per
+failure would flood the log.
+
+The scraper follows the pool: it listens to `Datastore.on_change` and starts tasks
+for new endpoints and cancels those of removed (or re-addressed) ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from epp.datalayer import promtext
+from epp.datalayer.metric_maps import (
+    DEFAULT_ENGINE,
+    ENGINE_LABEL_KEYS,
+    ENGINES,
+    EngineMap,
+    MetricsExtractError,
+    engine_for,
+    extract,
+    get_engine,
+)
+from epp.datastore import Datastore, Endpoint
+
+__all__ = ["MetricsScraper", "ScrapeConfig"]
+
+log = logging.getLogger(__name__)
+
+# Ask for the classic text format, uncompressed: OpenMetrics adds exemplars after the
+# value, and gzip costs both sides CPU for a page that crosses a cluster network.
+_HEADERS = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
+
+# Upstream `metrics-data-source` parameter names → ScrapeConfig fields.
+_PARAM_NAMES = {
+    "scheme": "scheme",
+    "path": "path",
+    "insecureSkipVerify": "insecure_skip_verify",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeConfig:
+    """How to reach and read each endpoint (defaults equal upstream's).
+
+    `scheme`, `path`, `insecure_skip_verify` are the `metrics-data-source` plugin
+    parameters; `default_engine` and `engine_label_keys` those of the
+    `core-metrics-extractor` (`defaultEngine`, `engineLabelKey`). A `models_interval`
+    of 0 turns off the `/v1/models` poll.
+    """
+
+    interval: float = 0.05
+    timeout: float = 1.0
+    scheme: str = "http"
+    path: str = "/metrics"
+    insecure_skip_verify: bool = True
+    models_interval: float = 5.0
+    models_path: str = "/v1/models"
+    default_engine: str = DEFAULT_ENGINE
+    engine_label_keys: tuple[str, ...] = ENGINE_LABEL_KEYS
+    engines: Mapping[str, EngineMap] = field(default_factory=lambda: dict(ENGINES))
+
+    def __post_init__(self) -> None:
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"scheme must be 'http' or 'https', got {self.scheme!r}")
+        for name in ("path", "models_path"):
+            value = getattr(self, name)
+            if not value.startswith("/"):
+                raise ValueError(f"{name} must start with '/', got {value!r}")
+        if not self.interval > 0:
+            raise ValueError(f"interval must be > 0 seconds, got {self.interval!r}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.models_interval < 0:
+            raise ValueError(f"models_interval must be >= 0, got {self.models_interval!r}")
+        get_engine(self.default_engine, self.engines)  # unknown default: fail at start-up
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | None, **overrides: Any) -> ScrapeConfig:
+        """From upstream `metrics-data-source` parameters (`scheme`, `path`,
+        `insecureSkipVerify`); unknown names are refused."""
+        kwargs: dict[str, Any] = {}
+        for key, value in (params or {}).items():
+            if key not in _PARAM_NAMES:
+                raise ValueError(
+                    f"unknown metrics-data-source parameter {key!r};"
+                    f" known: {', '.join(_PARAM_NAMES)}"
+                )
+            kwargs[_PARAM_NAMES[key]] = value
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in fields(ScrapeConfig))
+
+
+def _reason(exc: BaseException, timeout: float) -> str:
+    """A short, stable failure reason (stable so transition logging works)."""
+    if isinstance(exc, TimeoutError):
+        return f"timeout after {timeout:g}s"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        os_err = exc.os_error
+        if isinstance(os_err, ConnectionRefusedError):
+            return "connection refused"
+        return f"cannot connect: {getattr(os_err, 'strerror', None) or os_err}"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"HTTP {exc.status}"
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return f"internal error: {type(exc).__name__}: {exc}"[:200]
+
+
+class MetricsScraper:
+    """Keeps the datastore's metrics fresh by polling every endpoint.
+
+    Use as `async with MetricsScraper(ds, interval=0.05): ...`, or `start()` inside
+    a running loop and `await stop()`. Keyword overrides are `ScrapeConfig` fields.
+    `served_models[name]` holds the model ids the endpoint's `/v1/models` lists.
+    """
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        config: ScrapeConfig | None = None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        **overrides: Any,
+    ) -> None:
+        unknown = set(overrides) - _CONFIG_FIELDS
+        if unknown:
+            raise TypeError(f"unknown scraper option(s): {', '.join(sorted(unknown))}")
+        self.datastore = datastore
+        self.config = replace(config or ScrapeConfig(), **overrides)
+        self.served_models: dict[str, frozenset[str]] = {}
+        self._session = session
+        self._owns_session = session is None
+        self._tasks: dict[str, tuple[Endpoint, asyncio.Task[None]]] = {}
+        self._dying: set[asyncio.Task[None]] = set()
+        self._failing: dict[str, str] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._running = False
+        self._subscribed = False
+        cfg = self.config
+        self._timeout = aiohttp.ClientTimeout(total=cfg.timeout)
+        # ssl=False skips certificate checks (upstream's insecureSkipVerify, default on).
+        self._ssl = not (cfg.scheme == "https" and cfg.insecure_skip_verify)
+
+    # ---- lifecycle --------------------------------------------------------
+    def start(self) -> None:
+        """Start polling every current endpoint; must run inside the event loop."""
+        if self._running:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                timeout=self._timeout,
+            )
+            self._owns_session = True
+        self._running = True
+        if not self._subscribed:
+            # Datastore has no way to unsubscribe; the callback is inert when stopped.
+            self.datastore.on_change(self._on_change)
+            self._subscribed = True
+        self._sync()
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for them; close the session if this scraper made it."""
+        self._running = False
+        tasks = [t for _, t in self._tasks.values()] + list(self._dying)
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._dying.clear()
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> MetricsScraper:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def task_names(self) -> list[str]:
+        """Endpoints with a live polling task (for tests and debug pages)."""
+        return [name for name, (_, t) in self._tasks.items() if not t.done()]
+
+    def failing(self) -> dict[str, str]:
+        """Endpoints whose last scrape failed, with the reason."""
+        return dict(self._failing)
+
+    # ---- following the pool -----------------------------------------------
+    def _on_change(self) -> None:
+        if not self._running or self._loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._sync()
+        else:
+            self._loop.call_soon_threadsafe(self._sync)
+
+    def _sync(self) -> None:
+        """Make the set of tasks match the datastore's endpoints."""
+        if not self._running or self._loop is None:
+            return
+        current = {ep.name: ep for ep in self.datastore.endpoints()}
+        for name, (ep, task) in list(self._tasks.items()):
+            if current.get(name) != ep:
+                del self._tasks[name]
+                task.cancel()
+                self._dying.add(task)
+                task.add_done_callback(self._dying.discard)
+                self._failing.pop(name, None)
+                self.served_models.pop(name, None)
+        for name, ep in current.items():
+            if name not in self._tasks:
+                task = self._loop.create_task(self._run(ep), name=f"epp-scrape:{name}")
+                self._tasks[name] = (ep, task)
+
+    # ---- per endpoint -----------------------------------------------------
+    def _current(self, ep: Endpoint) -> bool:
+        return self.datastore.get(ep.name) == ep
+
+    def _url(self, ep: Endpoint, path: str) -> str:
+        return f"{self.config.scheme}://{ep.hostport}{path}"
+
+    async def _run(self, ep: Endpoint) -> None:
+        try:
+            emap = get_engine(
+                engine_for(ep, self.config.default_engine, self.config.engine_label_keys),
+                self.config.engines,
+            )
+        except MetricsExtractError as e:
+            self._record(ep, str(e))
+            return
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._metrics_loop(ep, emap))
+            if self.config.models_interval > 0:
+                tg.create_task(self._models_loop(ep))
+
+    async def _metrics_loop(self, ep: Endpoint, emap: EngineMap) -> None:
+        loop = asyncio.get_running_loop()
+        url = self._url(ep, self.config.path)
+        interval = self.config.interval
+        next_at = loop.time()
+        while True:
+            error = await self.scrape_once(ep, emap, url)
+            self._record(ep, error)
+            next_at += interval
+            now = loop.time()
+            if next_at < now:  # a slow scrape: start the next one now, don't burst
+                next_at = now
+            await asyncio.sleep(next_at - now)
+
+    async def scrape_once(
+        self, ep: Endpoint, emap: EngineMap | None = None, url: str | None = None
+    ) -> str | None:
+        """Scrape one endpoint once and update the datastore; return the failure or None."""
+        if emap is None:
+            emap = get_engine(
+                engine_for(ep, self.config.default_engine, self.config.engine_label_keys),
+                self.config.engines,
+            )
+        session = self._session
+        if session is None:
+            return "scraper not started"
+        try:
+            async with session.get(
+                url or self._url(ep, self.config.path),
+                headers=_HEADERS,
+                timeout=self._timeout,
+                ssl=self._ssl,
+            ) as resp:
+                if resp.status != 200:
+                    return f"HTTP {resp.status}"
+                body = await resp.read()
+            samples = promtext.parse(body, emap.families)
+            metrics = extract(
+                emap, samples, self.datastore.clock(), previous=self.datastore.metrics(ep.name)
+            )
+        except asyncio.CancelledError:
+            raise
+        except MetricsExtractError as e:
+            return str(e)
+        except Exception as e:  # any failure is a failed scrape, never a dead task
+            if not isinstance(e, aiohttp.ClientError | OSError | TimeoutError):
+                log.debug("unexpected scrape error for %s", ep.name, exc_info=True)
+            return _reason(e, self.config.timeout)
+        if self._current(ep):
+            self.datastore.update_metrics(ep.name, metrics)
+        return None
+
+    def _record(self, ep: Endpoint, error: str | None) -> None:
+        """Mark failure in the datastore; log only on a change of state."""
+        previous = self._failing.get(ep.name)
+        if error is None:
+            if previous is not None:
+                del self._failing[ep.name]
+                log.info("metrics of %s (%s) recovered", ep.name, ep.hostport)
+            return
+        if self._current(ep):
+            self.datastore.mark_scrape_failed(ep.name, error)
+        self._failing[ep.name] = error
+        if previous is None:
+            log.warning(
+                "metrics of %s (%s) unavailable: %s (logged again on recovery)",
+                ep.name,
+                ep.hostport,
+                error,
+            )
+
+    async def _models_loop(self, ep: Endpoint) -> None:
+        url = self._url(ep, self.config.models_path)
+        failed = False
+        while True:
+            try:
+                models = await self.fetch_models(ep, url)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if not failed:
+                    log.info(
+                        "models of %s unavailable: %s", ep.name, _reason(e, self.config.timeout)
+                    )
+                failed = True
+            else:
+                failed = False
+                self._set_models(ep, models)
+            await asyncio.sleep(self.config.models_interval)
+
+    async def fetch_models(self, ep: Endpoint, url: str | None = None) -> frozenset[str]:
+        """The model ids an OpenAI-compatible server lists at `/v1/models` (raises on error)."""
+        if self._session is None:
+            raise RuntimeError("scraper not started")
+        async with self._session.get(
+            url or self._url(ep, self.config.models_path), timeout=self._timeout, ssl=self._ssl
+        ) as resp:
+            resp.raise_for_status()
+            payload = await resp.json(content_type=None)
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise ValueError("no 'data' list in the /v1/models reply")
+        return frozenset(
+            m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)
+        )
+
+    def _set_models(self, ep: Endpoint, models: frozenset[str]) -> None:
+        if not self._current(ep) or self.served_models.get(ep.name) == models:
+            return
+        self.served_models[ep.name] = models
+        setter = getattr(self.datastore, "set_models", None)  # once the datastore has it
+        if callable(setter):
+            try:
+                setter(ep.name, models)
+            except Exception:
+                log.warning("datastore.set_models(%r) failed", ep.name, exc_info=True)
