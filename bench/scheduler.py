@@ -81,7 +81,10 @@ def main() -> None:
         r = measure(n, args.requests if n < 1000 else max(1000, args.requests // 5))
         print(f"{r['endpoints']:>9} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['mean_ms']:>8.3f}")
     keep = build(1000)  # noqa: F841  (held so the RSS below includes a 1000-endpoint pool)
-    print(f"RSS with a 1000-endpoint pool: {rss_mb():.1f} MB (interpreter + libraries at start: {base:.1f} MB)")
+    print(
+        f"RSS with a 1000-endpoint pool: {rss_mb():.1f} MB "
+        f"(interpreter + libraries at start: {base:.1f} MB)"
+    )
 
 
 if __name__ == "__main__":

@@ -103,7 +103,9 @@ class EppServer:
             keys = (p.engine_label_key, *ScrapeConfig().engine_label_keys)
             extra.update(default_engine=p.default_engine, engine_label_keys=keys)
         return ScrapeConfig(
-            interval=o.refresh_metrics_interval, timeout=o.scrape_timeout, **extra  # type: ignore[arg-type]
+            interval=o.refresh_metrics_interval,
+            timeout=o.scrape_timeout,
+            **extra,  # type: ignore[arg-type]
         )
 
     async def stop(self) -> None:

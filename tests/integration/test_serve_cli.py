@@ -3,7 +3,8 @@
 import subprocess
 import sys
 
-EPP = [sys.executable, "-m", "epp.cli", "serve", "--grpc-port", "0", "--health-port", "0", "--metrics-port", "0"]
+EPP = [sys.executable, "-m", "epp.cli", "serve"]
+EPP += ["--grpc-port", "0", "--health-port", "0", "--metrics-port", "0"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
