@@ -1,0 +1,134 @@
+"""A whole local deployment on loopback: simulators, `epp serve` and a real Envoy.
+
+Shared by `epp demo`, the end-to-end tests and the benchmarks so all three exercise the
+same thing a user would run. Every process lives in one `ProcessGroup`, so nothing
+outlives the stack, whatever way it ends.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epp.envoy import EnvoyOptions, RunningEnvoy, start_envoy
+from epp.procs import HttpReady, LogReady, ManagedProcess, ProcessGroup, free_port
+
+EPP_CMD = [sys.executable, "-m", "epp.cli"]
+
+
+@dataclass
+class SimProcess:
+    name: str
+    port: int
+    args: list[str]
+    process: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def hostport(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class LocalStack:
+    """`n_sims` simulators (one process each, so one can be killed), the EPP, Envoy."""
+
+    n_sims: int = 3
+    sim_args: Sequence[str] = ()
+    per_sim_args: dict[int, Sequence[str]] = field(default_factory=dict)
+    epp_args: Sequence[str] = ()
+    request_body_mode: str = "FULL_DUPLEX_STREAMED"
+    run_dir: Path | None = None
+    sims: list[SimProcess] = field(default_factory=list)
+    pg: ProcessGroup | None = None
+    envoy: RunningEnvoy | None = None
+    epp_metrics_port: int = 0
+
+    def start(self) -> LocalStack:
+        self.pg = ProcessGroup(self.run_dir)
+        try:
+            for i in range(self.n_sims):
+                args = [*self.sim_args, *self.per_sim_args.get(i, ())]
+                sim = SimProcess(f"sim-{i}", free_port(), list(args))
+                self._start_sim(sim)
+                self.sims.append(sim)
+            grpc_port, health_port, self.epp_metrics_port = free_port(), free_port(), free_port()
+            argv = [
+                *EPP_CMD,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--grpc-port",
+                str(grpc_port),
+                "--health-port",
+                str(health_port),
+                "--metrics-port",
+                str(self.epp_metrics_port),
+                *[f"--endpoint={s.name}={s.hostport}" for s in self.sims],
+                *self.epp_args,
+            ]
+            self.pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+            self.envoy = start_envoy(
+                self.pg,
+                EnvoyOptions(
+                    listener_port=free_port(),
+                    admin_port=free_port(),
+                    epp_grpc_port=grpc_port,
+                    epp_health_port=health_port,
+                    listen_address="127.0.0.1",
+                    request_body_mode=self.request_body_mode,
+                ),
+                timeout=60,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_sim(self, sim: SimProcess, child_name: str | None = None) -> None:
+        assert self.pg is not None
+        argv = [*EPP_CMD, "sim", "--port", str(sim.port), "--name-prefix", sim.name, *sim.args]
+        sim.process = self.pg.start(
+            child_name or sim.name, argv, ready=HttpReady(f"{sim.url}/health"), timeout=60
+        )
+
+    @property
+    def url(self) -> str:
+        assert self.envoy is not None
+        return self.envoy.url
+
+    @property
+    def epp_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.epp_metrics_port}"
+
+    def sim_by_port(self, port: int) -> SimProcess | None:
+        return next((s for s in self.sims if s.port == port), None)
+
+    def kill_sim(self, i: int) -> None:
+        """Kill a simulator abruptly (SIGKILL), as a crashed server would die."""
+        proc = self.sims[i].process
+        assert proc is not None and proc.popen is not None
+        proc.popen.kill()
+        proc.popen.wait(timeout=10)
+
+    def restart_sim(self, i: int) -> None:
+        """Start a killed simulator again on the same port (a new child of the group)."""
+        assert self.pg is not None
+        n = sum(p.name.startswith(self.sims[i].name) for p in self.pg.processes)
+        self._start_sim(self.sims[i], f"{self.sims[i].name}-restart{n}")
+
+    def stop(self) -> None:
+        if self.pg is not None:
+            self.pg.close()
+            self.pg = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
