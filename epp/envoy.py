@@ -116,6 +116,62 @@ def render(options: EnvoyOptions, template: dict[str, Any] | None = None) -> dic
     return config
 
 
+def render_direct(
+    options: EnvoyOptions,
+    upstreams: list[tuple[str, int]],
+    lb_policy: str = "ROUND_ROBIN",
+    template: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The same listener without the EPP: Envoy balances over `upstreams` by itself.
+
+    The baseline a platform team has today (round-robin or least-request); used by the
+    demo and benchmarks to compare against the same Envoy with the EPP in front.
+    """
+    config = render(options, template)
+    listener = _named(config["static_resources"]["listeners"], LISTENER_NAME, "listener")
+    filters = _http_filters(listener)
+    filters[:] = [f for f in filters if f["name"] != EXT_PROC_FILTER]
+    hcm = next(
+        f["typed_config"]
+        for chain in listener["filter_chains"]
+        for f in chain["filters"]
+        if f["name"] == "envoy.filters.network.http_connection_manager"
+    )
+    for vhost in hcm["route_config"]["virtual_hosts"]:
+        for route in vhost["routes"]:
+            route["route"]["cluster"] = DIRECT_CLUSTER
+            route.pop("typed_per_filter_config", None)
+    config["static_resources"]["clusters"].append(
+        {
+            "name": DIRECT_CLUSTER,
+            "type": "STATIC",
+            "lb_policy": lb_policy,
+            "connect_timeout": "5s",
+            "circuit_breakers": {
+                "thresholds": [
+                    {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
+                ]
+            },
+            "load_assignment": {
+                "cluster_name": DIRECT_CLUSTER,
+                "endpoints": [
+                    {
+                        "lb_endpoints": [
+                            {
+                                "endpoint": {
+                                    "address": {"socket_address": {"address": h, "port_value": p}}
+                                }
+                            }
+                            for h, p in upstreams
+                        ]
+                    }
+                ],
+            },
+        }
+    )
+    return config
+
+
 def render_yaml(options: EnvoyOptions) -> str:
     return yaml.safe_dump(render(options), sort_keys=False)
 
@@ -124,6 +180,9 @@ def write_config(options: EnvoyOptions, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_yaml(options))
     return path
+
+
+DIRECT_CLUSTER = "direct_upstreams"
 
 
 def _named(items: list[dict[str, Any]], name: str, kind: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from epp.envoy import EnvoyOptions, RunningEnvoy, start_envoy
+from epp.envoy import EnvoyOptions, RunningEnvoy, render_direct, start_envoy
 from epp.procs import HttpReady, LogReady, ManagedProcess, ProcessGroup, free_port
 
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
@@ -89,6 +89,18 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def start_baseline_envoy(self, lb_policy: str = "ROUND_ROBIN") -> RunningEnvoy:
+        """A second Envoy over the same simulators without the EPP (Envoy balances alone)."""
+        assert self.pg is not None
+        options = EnvoyOptions(
+            listener_port=free_port(), admin_port=free_port(), listen_address="127.0.0.1"
+        )
+        upstreams = [("127.0.0.1", s.port) for s in self.sims]
+        config = render_direct(options, upstreams, lb_policy)
+        return start_envoy(
+            self.pg, options, config=config, name=f"envoy-{lb_policy.lower()}", timeout=60
+        )
 
     def _start_sim(self, sim: SimProcess, child_name: str | None = None) -> None:
         assert self.pg is not None

@@ -1,0 +1,88 @@
+"""`epp demo` prints its table and verdict, and leaves no process behind, also on Ctrl-C."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    """PIDs whose environment carries `marker` (children inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_gone(marker: str, timeout: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = processes_with_marker(marker)
+        if not left:
+            return []
+        time.sleep(0.2)
+    return processes_with_marker(marker)
+
+
+def demo_env() -> tuple[dict[str, str], str]:
+    marker = f"EPP_TEST_MARK={uuid.uuid4()}"
+    env = dict(os.environ)
+    env["EPP_TEST_MARK"] = marker.split("=", 1)[1]
+    return env, marker.split("=", 1)[1]
+
+
+def test_demo_prints_table_and_verdict_and_cleans_up():
+    env, marker = demo_env()
+    r = subprocess.run(
+        [sys.executable, "-m", "epp.cli", "demo", "--requests", "40", "--concurrency", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "endpoint   requests" in out
+    for name in ("sim-0", "sim-1", "sim-2", "sim-3"):
+        assert name in out
+    assert "verdict: OK: 40/40 requests succeeded" in out
+    assert wait_gone(marker) == []
+
+
+def test_demo_ctrl_c_stops_every_process():
+    env, marker = demo_env()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "epp.cli", "demo", "--requests", "5000", "--concurrency", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        # Wait until the stack is up and traffic flows, then interrupt.
+        deadline = time.monotonic() + 60
+        for line in p.stdout:
+            if "ready in" in line or time.monotonic() > deadline:
+                break
+        time.sleep(1.0)
+        assert len(processes_with_marker(marker)) >= 6  # demo, 4 sims, epp, envoys
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130
+    assert wait_gone(marker) == []
