@@ -22,6 +22,7 @@ from epp.config.errors import ConfigError
 from epp.config.params import parse_params
 from epp.scheduling import registry
 from epp.scheduling.interfaces import (
+    DataProducer,
     Filter,
     Picker,
     Plugin,
@@ -149,6 +150,7 @@ def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
         raise ConfigError("flowControl", FEATURE_GATES["flowControl"] or "")
 
     plugins = _instantiate_plugins(data.get("plugins"), handle)
+    _create_missing_producers(plugins, handle)
     handle.plugins.update(plugins)
     for ref_field in ("saturationDetector", "parser"):
         section = data.get(ref_field)
@@ -158,8 +160,9 @@ def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
 
     profiles = _build_profiles(data.get("schedulingProfiles"), plugins, handle)
     handler = _profile_handler(plugins, profiles, handle)
+    producers = [p for p in plugins.values() if isinstance(p, DataProducer)]
     return LoadedConfig(
-        scheduler=Scheduler(handler, profiles),
+        scheduler=Scheduler(handler, profiles, producers),
         plugins=plugins,
         pre_request=[p for p in plugins.values() if isinstance(p, PreRequest)],
         post_response=[p for p in plugins.values() if isinstance(p, PostResponse)],
@@ -231,6 +234,29 @@ def _instantiate_plugins(specs: Any, handle: Handle) -> dict[str, Plugin]:
         except ValueError as e:
             raise ConfigError(f"{path}.parameters", str(e)) from None
     return out
+
+
+def _create_missing_producers(plugins: dict[str, Plugin], handle: Handle) -> None:
+    """A consumer configured without its producer gets one, with the consumer's parameters.
+
+    Upstream does the same (configs written before producers existed put the prefix
+    parameters on the scorer); here those parameters configure the producer instead of
+    being silently dropped.
+    """
+    for consumer in list(plugins.values()):
+        wanted = consumer.producer_type
+        if not wanted:
+            continue
+        spec = registry.lookup(wanted)
+        if spec is None:
+            raise ConfigError("plugins", f"{consumer!r} needs producer type {wanted!r}, unknown")
+        if any(p.type_name == spec.type_name for p in plugins.values()):
+            continue
+        params = getattr(consumer, "params", None)
+        if not isinstance(params, spec.params):
+            params = spec.params()
+        name = spec.type_name if spec.type_name not in plugins else f"{spec.type_name}-auto"
+        plugins[name] = spec.build(name, params, handle)
 
 
 def _check_ref_section(section: Any, path: str, plugins: dict[str, Plugin]) -> None:

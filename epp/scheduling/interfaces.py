@@ -19,15 +19,36 @@ if TYPE_CHECKING:
 
 
 class Plugin:
-    """Base for every plugin: a registry `type` and an instance `name`."""
+    """Base for every plugin: a registry `type` and an instance `name`.
+
+    `producer_type` names the DataProducer type a consumer needs; the config loader
+    creates one (with the consumer's parameters) when the config does not define it.
+    """
 
     type_name: ClassVar[str] = ""
+    producer_type: ClassVar[str | None] = None
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def __repr__(self) -> str:
         return f"{self.name}/{self.type_name}"
+
+
+@runtime_checkable
+class DataProducer(Protocol):
+    """Computes per-request data before any profile runs (e.g. prefix matches per endpoint).
+
+    It writes its result into the CycleState under its own `type_name`; consumers (scorers,
+    filters, deciders) read it from there. Producers run once per request, in config order.
+    """
+
+    name: str
+    type_name: str
+
+    def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> None: ...
 
 
 @runtime_checkable

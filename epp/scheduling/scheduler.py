@@ -8,7 +8,8 @@ from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, unavailable
 from epp.observability import SCHEDULER_E2E
 from epp.request import InferenceRequest
-from epp.scheduling.interfaces import ProfileHandler
+from epp.observability import PLUGIN_DURATION
+from epp.scheduling.interfaces import DataProducer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 
@@ -17,9 +18,21 @@ _MAX_ROUNDS = 16
 
 
 class Scheduler:
-    def __init__(self, handler: ProfileHandler, profiles: dict[str, SchedulerProfile]) -> None:
+    def __init__(
+        self,
+        handler: ProfileHandler,
+        profiles: dict[str, SchedulerProfile],
+        producers: list[DataProducer] | None = None,
+    ) -> None:
         self.handler = handler
         self.profiles = profiles
+        self.producers = producers or []
+        self._producer_timers = [
+            PLUGIN_DURATION.labels(
+                extension_point="PrepareData", plugin_type=p.type_name, plugin_name=p.name
+            )
+            for p in self.producers
+        ]
 
     def schedule(
         self, request: InferenceRequest, candidates: list[EndpointSnapshot]
@@ -30,6 +43,10 @@ class Scheduler:
             if not candidates:
                 raise unavailable("no candidate endpoints for this request")
             state = CycleState()
+            for producer, timer in zip(self.producers, self._producer_timers, strict=True):
+                t = time.perf_counter()
+                producer.produce(state, request, candidates)
+                timer.observe(time.perf_counter() - t)
             results: dict[str, ProfileResult | None] = {}
             for _ in range(_MAX_ROUNDS):
                 to_run = self.handler.pick_profiles(state, request, self.profiles, results)
@@ -39,6 +56,8 @@ class Scheduler:
                     results[name] = profile.run(state, request, candidates)
             else:
                 raise EppError(500, f"profile handler {self.handler!r} never finished")
-            return self.handler.process_results(state, request, results)
+            result = self.handler.process_results(state, request, results)
+            result.cycle_state = state
+            return result
         finally:
             SCHEDULER_E2E.observe(time.perf_counter() - t0)

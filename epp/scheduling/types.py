@@ -50,6 +50,8 @@ class SchedulingResult:
     profile_results: dict[str, ProfileResult | None]
     primary_profile: str
     headers: dict[str, str] = field(default_factory=dict)
+    # The cycle's scratch space, so pre-request hooks see what producers computed.
+    cycle_state: CycleState = field(default_factory=CycleState)
 
     @property
     def primary(self) -> ProfileResult:

@@ -108,3 +108,30 @@ def test_scheduler_refuses_empty_candidate_list():
     with pytest.raises(EppError) as e:
         sched.schedule(completion(), [])
     assert e.value.status == 503
+
+
+class CountingProducer:
+    type_name = "counting-producer"
+    name = "counting-producer"
+
+    def produce(self, state, request, endpoints):
+        state.write(self.type_name, {e.name: len(e.name) for e in endpoints})
+
+
+class ReadsProducer:
+    type_name = "reads-producer"
+    name = "reads-producer"
+
+    def score(self, state, request, endpoints):
+        data = state.read("counting-producer")
+        return [data[e.name] / 10 for e in endpoints]
+
+
+def test_producers_run_before_profiles_and_results_carry_cycle_state():
+    profile = SchedulerProfile(
+        "default", [], [WeightedScorer(ReadsProducer(), 1.0)], plugin("max-score-picker")
+    )
+    sched = Scheduler(plugin("single-profile-handler"), {"default": profile}, [CountingProducer()])
+    result = sched.schedule(completion(), [snap("a"), snap("bbbb"), snap("cc")])
+    assert [t.name for t in result.targets] == ["bbbb"]
+    assert result.cycle_state.read("counting-producer") == {"a": 1, "bbbb": 4, "cc": 2}
