@@ -6,9 +6,8 @@ import time
 
 from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, unavailable
-from epp.observability import SCHEDULER_E2E
+from epp.observability import PLUGIN_DURATION, SCHEDULER_E2E
 from epp.request import InferenceRequest
-from epp.observability import PLUGIN_DURATION
 from epp.scheduling.interfaces import DataProducer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
