@@ -1,0 +1,77 @@
+"""Tokenizers shared by the EPP and the simulator (one module both import).
+
+The EPP and the model server must cut a prompt into the same tokens for prefix-cache
+routing to line up with the server's KV blocks. Two kinds:
+
+- `SimpleTokenizer` (default): a token is a run of word characters or one other
+  non-space character; ids are a stable hash of the piece. Fast, deterministic, no files.
+- `HFTokenizer`: a Hugging Face `tokenizer.json` through the `tokenizers` package (an
+  optional dependency, `pip install epp[hf]`), to mirror a real model exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Protocol
+
+import xxhash
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def count(self, text: str) -> int: ...
+
+
+class SimpleTokenizer:
+    name = "simple"
+
+    def __init__(self, vocab_size: int = 1 << 31) -> None:
+        self.vocab_size = vocab_size
+
+    def tokenize(self, text: str) -> list[str]:
+        return _TOKEN_RE.findall(text)
+
+    def encode(self, text: str) -> list[int]:
+        v = self.vocab_size
+        return [xxhash.xxh32_intdigest(piece.encode()) % v for piece in _TOKEN_RE.findall(text)]
+
+    def count(self, text: str) -> int:
+        return sum(1 for _ in _TOKEN_RE.finditer(text))
+
+
+class HFTokenizer:
+    """A Hugging Face fast tokenizer from `tokenizer.json` (file or the folder holding it)."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as _HF
+        except ImportError as e:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError(
+                "a tokenizer.json needs the 'tokenizers' package: pip install 'epp[hf]'"
+            ) from e
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {p}")
+        self._tok = _HF.from_file(str(p))
+        self.name = f"hf:{p}"
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+def load_tokenizer(spec: str | None) -> Tokenizer:
+    """`None`/`"simple"` → SimpleTokenizer; anything else is a tokenizer.json path."""
+    if spec in (None, "", "simple"):
+        return SimpleTokenizer()
+    return HFTokenizer(spec)
