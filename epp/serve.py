@@ -32,6 +32,7 @@ from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
+from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle
 
 log = logging.getLogger("epp")
@@ -65,7 +66,11 @@ class EppServer:
             staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
         )
         self.datastore.set_endpoints(options.endpoints)
+        handle = self.config.handle
+        handle.pool = self.datastore.endpoints
+        handle.on_pool_change = self.datastore.on_change
         self.director = Director(self.datastore, self.config, rng)
+        self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
         self._runner: web.AppRunner | None = None
@@ -80,6 +85,8 @@ class EppServer:
         if o.scrape:
             self.scraper = MetricsScraper(self.datastore, self._scrape_config())
             self.scraper.start()
+        for plugin in self._lifecycle:
+            await plugin.start()
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
             self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
         )
@@ -112,6 +119,11 @@ class EppServer:
         for server in self._servers:
             await server.stop(grace=1.0)
         self._servers = []
+        for plugin in self._lifecycle:
+            try:
+                await plugin.stop()
+            except Exception:
+                log.exception("plugin %r failed to stop", plugin)
         if self.scraper is not None:
             await self.scraper.stop()
             self.scraper = None

@@ -85,6 +85,7 @@ class LoadedConfig:
     pre_request: list[PreRequest] = field(default_factory=list)
     post_response: list[PostResponse] = field(default_factory=list)
     source: str = "<built-in default>"
+    handle: Handle = field(default_factory=Handle)
 
     def plugins_of(self, cls: type) -> list[Any]:
         return [p for p in self.plugins.values() if isinstance(p, cls)]
@@ -167,6 +168,7 @@ def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
         pre_request=[p for p in plugins.values() if isinstance(p, PreRequest)],
         post_response=[p for p in plugins.values() if isinstance(p, PostResponse)],
         source=source,
+        handle=handle,
     )
 
 

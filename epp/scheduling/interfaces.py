@@ -113,6 +113,18 @@ class PreRequest(Protocol):
 
 
 @runtime_checkable
+class Lifecycle(Protocol):
+    """A plugin with background work (e.g. a KV-event subscriber) starts and stops with
+    the server, inside its event loop."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
 class PostResponse(Protocol):
     name: str
     type_name: str

@@ -12,16 +12,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.config.params import NoParams
+from epp.datastore import Endpoint
 from epp.scheduling.interfaces import Plugin
+
+
+def _no_endpoints() -> list[Endpoint]:
+    return []
+
+
+def _no_subscription(fn: Callable[[], None]) -> Callable[[], None]:
+    return lambda: None
 
 
 @dataclass
 class Handle:
-    """What a plugin may ask of the running EPP: injectable randomness and time, peers."""
+    """What a plugin may ask of the running EPP: injectable randomness and time, peers,
+    and the pool's membership (not its metrics: those arrive in each cycle's snapshot).
+
+    `pool()` lists the configured endpoints; `on_pool_change(fn)` calls `fn` after the
+    membership changes and returns an unsubscribe function. The server wires both to
+    its datastore; outside a server they describe an empty pool.
+    """
 
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.monotonic
     plugins: dict[str, Plugin] = field(default_factory=dict)
+    pool: Callable[[], list[Endpoint]] = _no_endpoints
+    on_pool_change: Callable[[Callable[[], None]], Callable[[], None]] = _no_subscription
 
     def plugin(self, name: str) -> Plugin | None:
         return self.plugins.get(name)
