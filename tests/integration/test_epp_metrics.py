@@ -1,0 +1,89 @@
+"""The EPP's own /metrics carries the upstream names, types and labels."""
+
+import json
+
+import aiohttp
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from epp.datastore import Endpoint
+from epp.serve import EppServer, ServeOptions
+
+EXPECTED = {
+    "inference_pool_ready_pods": ("gauge", {"name"}),
+    "inference_pool_average_kv_cache_utilization": ("gauge", {"name"}),
+    "inference_pool_average_queue_size": ("gauge", {"name"}),
+    "inference_pool_per_pod_queue_size": ("gauge", {"model_server_pod", "name"}),
+    "inference_pool_average_running_requests": ("gauge", {"name"}),
+    "inference_extension_scheduler_attempts": (
+        "counter",
+        {"status", "target_model_name", "pod_name", "namespace", "port"},
+    ),
+    "inference_extension_scheduler_e2e_duration_seconds": ("histogram", set()),
+    "inference_extension_plugin_duration_seconds": (
+        "histogram",
+        {"extension_point", "plugin_type", "plugin_name"},
+    ),
+    "inference_extension_info": ("gauge", {"commit", "build_ref"}),
+}
+
+
+def parse(text: str) -> dict[str, tuple[str, list[dict[str, str]]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        f.name: (f.type, [s.labels for s in f.samples])
+        for f in text_string_to_metric_families(text)
+    }
+
+
+async def test_metrics_have_upstream_names_types_and_labels():
+    opts = ServeOptions(
+        host="127.0.0.1",
+        grpc_port=0,
+        health_port=0,
+        metrics_port=0,
+        scrape=False,
+        pool_name="pool-a",
+        endpoints=[Endpoint("e0", "127.0.0.1", 9000), Endpoint("e1", "127.0.0.1", 9001)],
+    )
+    async with EppServer(opts, seed=0) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+            stub = pb_grpc.ExternalProcessorStub(ch)
+            msgs = [
+                pb.ProcessingRequest(
+                    request_headers=pb.HttpHeaders(
+                        headers=base_pb2.HeaderMap(
+                            headers=[
+                                base_pb2.HeaderValue(key=":path", raw_value=b"/v1/completions")
+                            ]
+                        )
+                    )
+                ),
+                pb.ProcessingRequest(
+                    request_body=pb.HttpBody(
+                        body=json.dumps({"model": "m", "prompt": "hi"}).encode(), end_of_stream=True
+                    )
+                ),
+            ]
+            replies = [r async for r in stub.Process(iter(msgs))]
+            assert replies[0].HasField("request_headers")
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
+                families = parse(await r.text())
+    for name, (typ, labels) in EXPECTED.items():
+        assert name in families, name
+        got_type, samples = families[name]
+        assert got_type == typ, name
+        assert samples, f"{name} has no samples"
+        assert set(samples[0]) - {"le"} == labels, name
+    ready = families["inference_pool_ready_pods"][1]
+    assert ready == [{"name": "pool-a"}]
+    attempts = families["inference_extension_scheduler_attempts"][1]
+    assert any(s["status"] == "success" and s["pod_name"] in ("e0", "e1") for s in attempts)
+    plugin_types = {
+        s["plugin_type"] for s in families["inference_extension_plugin_duration_seconds"][1]
+    }
+    assert {"queue-depth-scorer", "kv-cache-utilization-scorer", "max-score-picker"} <= plugin_types
