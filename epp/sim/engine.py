@@ -11,8 +11,9 @@ latency model replaces `step_seconds` (and, for chunked prefill or prefix cachin
 split into prefill/decode sets) without touching the HTTP layer.
 
 Timestamps are model time (see `clock.py`). A step's tokens are stamped at
-`step start + step cost`, so the loop's own Python overhead never shows up as model
-latency, however fast `time_scale` runs the simulation.
+`step start + step cost`, so oversleeping never shows up as model latency; only the
+short real gap between two steps does (multiplied by `time_scale`, so reported times
+are exact lower bounds and grow a little noisier as the scale grows).
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from epp.sim.clock import ModelClock
 from epp.sim.config import SimConfig
+
+log = logging.getLogger("epp.sim")
 
 
 class State(enum.Enum):
@@ -149,17 +153,20 @@ class Engine:
 
     async def stop(self) -> None:
         """Abort everything in flight (handlers then answer at once) and end the loop."""
-        self._closed = True
-        for req in [*self.waiting, *self.running]:
-            req.state = State.ABORTED
-            req.sink.put_nowait(Aborted(req, "server is shutting down"))
-        self.waiting.clear()
-        self.running.clear()
+        self._abort_all("server is shutting down")
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def _abort_all(self, reason: str) -> None:
+        self._closed = True
+        for req in [*self.waiting, *self.running]:
+            req.state = State.ABORTED
+            req.sink.put_nowait(Aborted(req, reason))
+        self.waiting.clear()
+        self.running.clear()
 
     # -- requests ------------------------------------------------------------------
 
@@ -242,6 +249,14 @@ class Engine:
             await asyncio.wait_for(self._wake.wait(), timeout)
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            # A bug here must fail requests loudly, not leave them waiting forever.
+            log.exception("simulated engine crashed")
+            self._abort_all("engine crashed")
+
+    async def _loop(self) -> None:
         while not self._closed:
             start = self.clock.now()
             self._admit(start)

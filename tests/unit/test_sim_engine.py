@@ -228,3 +228,20 @@ async def test_engine_snapshot_abort_and_stop() -> None:
     assert running.state is State.ABORTED
     with pytest.raises(RuntimeError):
         engine.submit(new_request())
+
+
+async def test_engine_crash_fails_requests_instead_of_hanging() -> None:
+    class Broken:
+        def on_admit(self, req: SimRequest, queue_seconds: float) -> None:
+            raise RuntimeError("bug")
+
+    engine = Engine(fast(), observer=Broken())  # type: ignore[arg-type]
+    engine.start()
+    try:
+        req = new_request()
+        engine.submit(req)
+        event = await asyncio.wait_for(req.sink.get(), 10)
+        assert isinstance(event, Aborted)
+        assert "crashed" in event.reason
+    finally:
+        await engine.stop()
