@@ -1,1 +1,1 @@
-from plugins.filters import label_selector, roles  # noqa: F401
+from plugins.filters import label_selector, prefix_affinity, roles  # noqa: F401

@@ -1,0 +1,102 @@
+"""`prefix-cache-affinity-filter`: narrow to endpoints that already hold the prompt, unless
+that costs too much waiting.
+
+A prefix scorer with the max-score picker piles every similar prompt onto one endpoint; with
+a random picker it loses the cache. This filter keeps only the "sticky" endpoints (prefix
+score ≥ `affinityThreshold`) and lets later scorers and the picker spread load among them,
+with two valves (llm-d-router `pkg/epp/framework/plugins/scheduling/filter/
+prefixcacheaffinity/plugin.go`, whose behaviour and defaults these are):
+
+- exploration: with probability `explorationProbability` keep everything, so other
+  endpoints get to warm up their caches (llm-d's default 0 — off; GIE's is 0.01);
+- the TTFT load gate: each endpoint's TTFT is estimated as
+  `inflight_tokens / peakPrefillThroughput × 1000` ms (llm-d's formula exactly); if the best
+  sticky estimate exceeds the best non-sticky one by more than `maxTTFTPenaltyMs`, keep
+  everything (stickiness broken). 0 turns the gate off (always stick).
+
+No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
+prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
+TTFT estimate is llm-d's: 15,928 tok/s is Qwen 32B on 2×H100 (TP 2) with vLLM 0.19, so
+retune it per deployment. GIE's variant (exploration 0.01, penalty 5,000 ms) takes TTFT
+from a latency predictor this EPP does not have. Caveat: this EPP's in-flight tokens count
+prompt + expected output until the response ends, where llm-d counts only uncached prompt
+tokens until the first chunk, so the same penalty trips earlier here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from epp.config.params import param
+from epp.datastore import EndpointSnapshot
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Plugin
+from epp.scheduling.registry import Handle, register
+from epp.scheduling.types import CycleState
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
+
+
+@dataclass(frozen=True)
+class PrefixAffinityParams:
+    affinity_threshold: float = param(
+        0.80, min=0.0, max=1.0, doc="prefix score at which an endpoint is sticky"
+    )
+    exploration_probability: float = param(
+        0.0, min=0.0, max=1.0, doc="chance of keeping every endpoint anyway"
+    )
+    max_ttft_penalty_ms: float = param(
+        18000.0,
+        min=0.0,
+        aliases=("maxTTFTPenaltyMs",),  # llm-d's spelling
+        doc="break stickiness when the best sticky TTFT exceeds the best other by more; 0 = off",
+    )
+    peak_prefill_throughput: float = param(
+        15928.0, min=0.0, doc="tokens/s one endpoint prefills; TTFT = in-flight tokens / this"
+    )
+    ttft_source: str = param(
+        "prefillThroughput",
+        choices=("prefillThroughput",),
+        doc="where TTFT comes from (llm-d's latencyPredictor is not implemented)",
+    )
+
+    def validate(self) -> None:
+        if self.max_ttft_penalty_ms > 0 and self.peak_prefill_throughput <= 0:
+            raise ValueError("peakPrefillThroughput must be > 0 while maxTTFTPenaltyMs is > 0")
+
+
+@register("prefix-cache-affinity-filter")
+class PrefixCacheAffinityFilter(Plugin):
+    Params = PrefixAffinityParams
+
+    def __init__(self, name: str, params: PrefixAffinityParams, handle: Handle) -> None:
+        super().__init__(name)
+        self.threshold = params.affinity_threshold
+        self.exploration = params.exploration_probability
+        self.max_penalty_ms = params.max_ttft_penalty_ms
+        self.peak = params.peak_prefill_throughput
+        self.rng = handle.rng
+
+    def ttft_ms(self, endpoint: EndpointSnapshot) -> float:
+        """Estimated time to first token: the in-flight tokens ahead of it, prefilled at peak."""
+        return endpoint.inflight_tokens / self.peak * 1000.0
+
+    def filter(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> list[EndpointSnapshot]:
+        info: PrefixMatchInfo | None = state.read(PREFIX_MATCH_KEY)
+        if info is None or len(endpoints) <= 1 or self.threshold <= 0:
+            return endpoints
+        sticky, other = [], []
+        for e in endpoints:
+            (sticky if info.score(e.name) >= self.threshold else other).append(e)
+        if not sticky:
+            return endpoints
+        # Drawn only when it can matter, so a config without exploration uses no randomness.
+        if self.exploration > 0 and self.rng.random() < self.exploration:
+            return endpoints
+        if self.max_penalty_ms > 0 and other:
+            best_sticky = min(map(self.ttft_ms, sticky))
+            best_other = min(map(self.ttft_ms, other))
+            if best_sticky - best_other > self.max_penalty_ms:
+                return endpoints
+        return sticky
