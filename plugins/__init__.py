@@ -3,4 +3,12 @@
 Find a plugin by its YAML type: `grep -rn 'register("TYPE"' plugins/`.
 """
 
-from plugins import datalayer, filters, pickers, profile_handlers, scorers  # noqa: F401
+from plugins import (  # noqa: F401
+    datalayer,
+    deciders,
+    filters,
+    pickers,
+    prefix,
+    profile_handlers,
+    scorers,
+)

@@ -55,15 +55,21 @@ FEATURE_GATES = {
     "flowControl": "flow control (request queueing in the EPP) is not implemented yet",
 }
 
-# The built-in profile when no --config is given: queue and KV-cache scorers with the
-# upstream default weights (GIE `pkg/epp/config/loader/defaults.go`: queue 2, kv 2) and
-# the max-score picker. Prefix-cache scoring joins when it is implemented (issue #4).
+# The built-in profile when no --config is given, identical to config/default.yaml: queue,
+# KV-cache and prefix scorers with the upstream default weights (GIE
+# `pkg/epp/config/loader/defaults.go`: queue 2, kv 2, prefix 3) and the max-score picker.
 DEFAULT_CONFIG = """\
+# The EPP's default scheduling: prefer short queues, free KV cache and endpoints that
+# probably hold the prompt's prefix. Weights are upstream's (Gateway API Inference
+# Extension `pkg/epp/config/loader/defaults.go`: queue 2, KV cache 2, prefix 3); the
+# prefix scorer's producer (approx-prefix-cache-producer) is created with its defaults.
+# Same as running `epp serve` without --config.
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
 - type: max-score-picker
 schedulingProfiles:
 - name: default
@@ -72,6 +78,8 @@ schedulingProfiles:
     weight: 2
   - pluginRef: kv-cache-utilization-scorer
     weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
   - pluginRef: max-score-picker
 """
 

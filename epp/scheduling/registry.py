@@ -61,10 +61,6 @@ _ALIASES: dict[str, str] = {}
 # Upstream (GIE EPP, llm-d) plugin types this project knows of but does not run yet,
 # with where they are planned; a config naming one fails with this text, not a crash.
 NOT_YET_IMPLEMENTED: dict[str, str] = {
-    "prefix-cache-scorer": "prefix-cache-aware routing (issue #4)",
-    "prefix-scorer": "prefix-cache-aware routing (issue #4)",
-    "approx-prefix-cache-producer": "prefix-cache-aware routing (issue #4)",
-    "precise-prefix-cache-scorer": "precise prefix routing from KV events (issue #4)",
     "pd-profile-handler": "its successor disagg-profile-handler: use that with "
     "prefix-based-pd-decider",
     "encode-filter": "encode/prefill/decode disaggregation",

@@ -1,1 +1,1 @@
-from plugins.profile_handlers import single  # noqa: F401
+from plugins.profile_handlers import disagg, single  # noqa: F401

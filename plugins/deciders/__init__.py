@@ -1,0 +1,6 @@
+"""P/D deciders: given the chosen decode endpoint, does this request need a remote prefill?
+
+The `disagg-profile-handler` names one by its plugin name (`deciders: {prefill: NAME}`).
+"""
+
+from plugins.deciders import always, prefix_based  # noqa: F401

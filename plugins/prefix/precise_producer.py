@@ -1,0 +1,219 @@
+"""`precise-prefix-cache-producer`: which endpoint holds this prompt's prefix, from what
+the servers themselves report in their KV events (llm-d's "precise" prefix scoring).
+
+Per request (`produce`): tokenize `prompt_text` with the configured tokenizer (the one the
+servers use: a tokenizer.json path for real models; "simple" matches `epp sim`), or take
+the prompt's token ids when the client sent ids (`prompt_tokens.py`), chain
+the hashes of its full blocks with the seed rule of `precise_index.py`, and write a
+`PrefixMatchInfo`: `total_blocks` = full blocks of the prompt (a trailing partial block
+is never cached by vLLM, so it is not counted, as llm-d), `matched` = the tier-weighted
+longest consecutive prefix each endpoint holds, `cached_blocks` the unweighted one.
+
+The block size per endpoint is the one its `BlockStored` events carry, else its
+`vllm:cache_config_info` block_size; endpoints with neither use the most common known
+size among the candidates, else `blockSizeTokens`. Should candidates differ, the info
+is expressed in the most common size and other endpoints' matches are scaled to it
+(the same share of the prompt).
+
+After scheduling (`pre_request`), the picked endpoints (first target of every profile)
+get speculative entries for the request's blocks, living `speculativeTTL` seconds, so
+back-to-back requests sharing a prefix stick before the first event arrives.
+
+Events arrive through `epp.datalayer.kvevents.KVEventSubscriber`, started and stopped
+with the server (`start`/`stop`); endpoints leaving the pool are forgotten.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+from dataclasses import dataclass
+
+from epp.config.params import param
+from epp.datalayer.kvevents import MODES, KVEventSubscriber
+from epp.datastore import EndpointSnapshot
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Plugin
+from epp.scheduling.registry import Handle, register
+from epp.scheduling.types import CycleState, SchedulingResult
+from plugins.prefix.approx_producer import first_targets, load_tokenizer_param
+from plugins.prefix.hashing import chain_seed, chain_tokens
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
+from plugins.prefix.pool_watch import PoolWatch
+from plugins.prefix.precise_index import PreciseIndex
+from plugins.prefix.prompt_tokens import prompt_token_ids
+from plugins.prefix.shared_params import claim_producer_params
+
+log = logging.getLogger(__name__)
+
+PRECISE_PRODUCER_TYPE = "precise-prefix-cache-producer"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+def parse_seconds(value: float | str) -> float:
+    """Seconds from a number or a Go-style duration ("2s", "500ms", "1m"), as llm-d's
+    `speculativeTTL` is written."""
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(value)
+        if m is None:
+            raise ValueError(f"speculativeTTL must be seconds or a duration like 2s; got {value!r}")
+        seconds = float(m.group(1)) * _UNIT[m.group(2)]
+    if seconds < 0:
+        raise ValueError(f"speculativeTTL must be >= 0; got {value!r}")
+    return seconds
+
+
+@dataclass(frozen=True)
+class PrecisePrefixParams:
+    mode: str = param(
+        "bind",
+        choices=MODES,
+        doc="bind: one SUB socket all servers connect to; connect: dial every endpoint",
+    )
+    endpoint: str = param(
+        "tcp://*:5557", doc="bind mode: the address the EPP binds (servers' kv-events endpoint)"
+    )
+    publisher_port: int = param(
+        5557, min=1, max=65535, doc="connect mode: publisher port (label epp.kv-events-port wins)"
+    )
+    topic_filter: str = param("kv@", doc="ZMQ subscription prefix (llm-d's default)")
+    tokenizer: str = param(
+        "simple", doc='"simple" (as epp sim) or the served model\'s tokenizer.json path'
+    )
+    # 16 = vLLM's default block size (llm-d tokenProcessorConfig default).
+    block_size_tokens: int = param(
+        16, min=1, doc="block size until an endpoint's events or metrics give it"
+    )
+    max_blocks_per_endpoint: int = param(
+        31_250, min=1, doc="blocks remembered per endpoint (LRU), bounding memory"
+    )
+    speculative_indexing: bool = param(
+        True, doc="assume the picked endpoint holds the request's blocks until events say"
+    )
+    speculative_ttl: float | str = param(
+        2.0,
+        aliases=("speculativeTTL",),
+        doc="speculativeTTL: seconds (or 2s, 500ms) a speculative entry lives unconfirmed",
+    )
+
+    def validate(self) -> None:
+        parse_seconds(self.speculative_ttl)
+
+    @property
+    def ttl_seconds(self) -> float:
+        return parse_seconds(self.speculative_ttl)
+
+
+@register(PRECISE_PRODUCER_TYPE)
+class PrecisePrefixCacheProducer(Plugin):
+    Params = PrecisePrefixParams
+
+    def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
+        super().__init__(name)
+        claim_producer_params(handle, PRECISE_PRODUCER_TYPE, name, params)
+        self.params = params
+        self.handle = handle
+        tokenizer = load_tokenizer_param(params.tokenizer)
+        assert tokenizer is not None
+        self.tokenizer = tokenizer
+        self.ttl = params.ttl_seconds
+        self.index = PreciseIndex(params.max_blocks_per_endpoint, handle.clock)
+        self.subscriber: KVEventSubscriber | None = None
+        self._state_key = f"{PRECISE_PRODUCER_TYPE}/{name}"
+        self._pool_watch = PoolWatch(handle, self.prune)
+
+    # ---- DataProducer -----------------------------------------------------
+    def known_block_size(self, snap: EndpointSnapshot) -> int:
+        """From the endpoint's events, else its vllm:cache_config_info; 0 if unknown."""
+        return self.index.block_size(snap.name) or snap.metrics.cache_block_size
+
+    def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> None:
+        ids = prompt_token_ids(request)
+        if ids is None:
+            ids = self.tokenizer.encode(request.prompt_text)
+        seed = chain_seed(request.target_model or request.model, request.cache_salt)
+        known = [self.known_block_size(e) for e in endpoints]
+        counts = collections.Counter(size for size in known if size)
+        ref = counts.most_common(1)[0][0] if counts else self.params.block_size_tokens
+        sizes = [size or ref for size in known]
+        chains: dict[int, list[int]] = {}
+        for size in sizes:
+            if size not in chains:
+                chains[size] = chain_tokens(ids, size, seed)
+        now = self.handle.clock()
+        self.index.expire(now)
+        matched: dict[str, float] = {}
+        cached: dict[str, int] = {}
+        for e, size in zip(endpoints, sizes, strict=True):
+            weighted, n = self.index.longest_prefix(e.name, chains[size], now)
+            if not n:
+                continue
+            if size != ref:  # the same share of the prompt, in the reference block size
+                weighted = weighted * size / ref
+                n = n * size // ref
+            matched[e.name] = weighted
+            cached[e.name] = n
+        info = PrefixMatchInfo(
+            total_blocks=len(ids) // ref,
+            block_size_tokens=ref,
+            matched=matched,
+            cached_blocks=cached,
+        )
+        state.write(PREFIX_MATCH_KEY, info)
+        state.write(PRECISE_PRODUCER_TYPE, info)
+        state.write(self._state_key, (ids, seed, ref, chains))
+
+    # ---- PreRequest ---------------------------------------------------------
+    def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
+        if not self.params.speculative_indexing or self.ttl <= 0:
+            return
+        saved = result.cycle_state.read(self._state_key)
+        if saved is None:
+            return
+        ids, seed, ref, chains = saved
+        for snap in first_targets(result):
+            size = self.known_block_size(snap) or ref
+            hashes = chains.get(size)
+            if hashes is None:
+                hashes = chains[size] = chain_tokens(ids, size, seed)
+            self.index.add_speculative(snap.name, hashes, self.ttl)
+
+    # ---- Lifecycle: the KV-event subscriber -----------------------------------
+    async def start(self) -> None:
+        if self.subscriber is not None:
+            return
+        h = self.handle
+        p = self.params
+        self._pool_watch.start()
+        self.subscriber = KVEventSubscriber(
+            self.index.on_batch,
+            mode=p.mode,
+            endpoint=p.endpoint,
+            publisher_port=p.publisher_port,
+            topic_filter=p.topic_filter,
+            pool=lambda: h.pool(),
+            on_pool_change=lambda fn: h.on_pool_change(fn),
+        )
+        try:
+            await self.subscriber.start()
+        except Exception:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        self._pool_watch.stop()
+        if self.subscriber is not None:
+            sub, self.subscriber = self.subscriber, None
+            await sub.stop()
+
+    def prune(self) -> None:
+        gone = self.index.retain(e.name for e in self.handle.pool())
+        if gone:
+            log.debug("precise prefix index: dropped endpoints no longer in the pool: %s", gone)

@@ -1,0 +1,47 @@
+"""`prefix-scorer` (upstream alias `prefix-cache-scorer`): the share of the request's
+blocks an endpoint already caches, from the approximate prefix index.
+
+Score = consecutive matched blocks from the start / total blocks (`PrefixMatchInfo.score`,
+GIE `prefix-cache-scorer`: matchBlocks / totalBlocks; no info or no blocks → 0).
+
+Its parameters are the producer's (`approx-prefix-cache-producer`): older upstream
+configs set them on the scorer, and then they configure the producer the loader creates
+for it. If a producer is configured as well, parameters on the scorer are an error
+(they would be ignored).
+"""
+
+from __future__ import annotations
+
+from epp.datastore import EndpointSnapshot
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Plugin
+from epp.scheduling.registry import Handle, register
+from epp.scheduling.types import CycleState
+from plugins.prefix.approx_producer import APPROX_PRODUCER_TYPE, ApproxPrefixParams
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
+from plugins.prefix.shared_params import claim_scorer_params
+
+
+def scores_from(info: PrefixMatchInfo | None, endpoints: list[EndpointSnapshot]) -> list[float]:
+    if info is None:
+        return [0.0] * len(endpoints)
+    return [info.score(e.name) for e in endpoints]
+
+
+@register("prefix-scorer", aliases=("prefix-cache-scorer",))
+class PrefixScorer(Plugin):
+    Params = ApproxPrefixParams
+    producer_type = APPROX_PRODUCER_TYPE
+
+    def __init__(self, name: str, params: ApproxPrefixParams, handle: Handle) -> None:
+        super().__init__(name)
+        claim_scorer_params(handle, APPROX_PRODUCER_TYPE, name, params)
+        self.params = params
+
+    def score(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> list[float]:
+        # Its own producer's result first: another prefix producer may also have written
+        # the shared key in the same cycle.
+        info = state.read(APPROX_PRODUCER_TYPE) or state.read(PREFIX_MATCH_KEY)
+        return scores_from(info, endpoints)
