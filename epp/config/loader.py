@@ -251,8 +251,10 @@ def _create_missing_producers(plugins: dict[str, Plugin], handle: Handle) -> Non
 
     Upstream does the same (configs written before producers existed put the prefix
     parameters on the scorer); here those parameters configure the producer instead of
-    being silently dropped.
+    being silently dropped. When a producer of that type IS configured, parameters on the
+    consumer would configure nothing, so they must equal the producer's or be absent.
     """
+    index = {name: i for i, name in enumerate(plugins)}
     for consumer in list(plugins.values()):
         wanted = consumer.producer_type
         if not wanted:
@@ -260,13 +262,21 @@ def _create_missing_producers(plugins: dict[str, Plugin], handle: Handle) -> Non
         spec = registry.lookup(wanted)
         if spec is None:
             raise ConfigError("plugins", f"{consumer!r} needs producer type {wanted!r}, unknown")
-        if any(p.type_name == spec.type_name for p in plugins.values()):
-            continue
         params = getattr(consumer, "params", None)
-        if not isinstance(params, spec.params):
-            params = spec.params()
+        given = isinstance(params, spec.params) and params != spec.params()
+        producers = [p for p in plugins.values() if p.type_name == spec.type_name]
+        for producer in producers:
+            if given and getattr(producer, "params", None) != params:
+                raise ConfigError(
+                    f"plugins[{index[consumer.name]}].parameters",
+                    f"{consumer!r} has parameters that its producer {producer!r} would ignore; "
+                    f"put them on the {spec.type_name} plugin (a consumer's parameters "
+                    "configure its producer only when the config defines none)",
+                )
+        if producers:
+            continue
         name = spec.type_name if spec.type_name not in plugins else f"{spec.type_name}-auto"
-        plugins[name] = spec.build(name, params, handle)
+        plugins[name] = spec.build(name, params if given else spec.params(), handle)
 
 
 def _check_ref_section(section: Any, path: str, plugins: dict[str, Plugin]) -> None:

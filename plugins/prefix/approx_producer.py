@@ -40,7 +40,6 @@ from plugins.prefix.hashing import chain_bytes, chain_seed, chain_tokens
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.prefix.pool_watch import PoolWatch
 from plugins.prefix.prompt_tokens import prompt_token_ids
-from plugins.prefix.shared_params import claim_producer_params
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,6 @@ class ApproxPrefixCacheProducer(Plugin):
 
     def __init__(self, name: str, params: ApproxPrefixParams, handle: Handle) -> None:
         super().__init__(name)
-        claim_producer_params(handle, APPROX_PRODUCER_TYPE, name, params)
         self.params = params
         self.handle = handle
         self.tokenizer = load_tokenizer_param(params.tokenizer)

@@ -43,7 +43,6 @@ from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.prefix.pool_watch import PoolWatch
 from plugins.prefix.precise_index import PreciseIndex
 from plugins.prefix.prompt_tokens import prompt_token_ids
-from plugins.prefix.shared_params import claim_producer_params
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +114,6 @@ class PrecisePrefixCacheProducer(Plugin):
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name)
-        claim_producer_params(handle, PRECISE_PRODUCER_TYPE, name, params)
         self.params = params
         self.handle = handle
         tokenizer = load_tokenizer_param(params.tokenizer)

@@ -19,7 +19,6 @@ from epp.scheduling.types import CycleState
 from plugins.prefix.match_info import PREFIX_MATCH_KEY
 from plugins.prefix.precise_producer import PRECISE_PRODUCER_TYPE, PrecisePrefixParams
 from plugins.prefix.prefix_scorer import scores_from
-from plugins.prefix.shared_params import claim_scorer_params
 
 
 @register("precise-prefix-cache-scorer")
@@ -29,7 +28,6 @@ class PrecisePrefixCacheScorer(Plugin):
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name)
-        claim_scorer_params(handle, PRECISE_PRODUCER_TYPE, name, params)
         self.params = params
 
     def score(

@@ -19,7 +19,6 @@ from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
 from plugins.prefix.approx_producer import APPROX_PRODUCER_TYPE, ApproxPrefixParams
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
-from plugins.prefix.shared_params import claim_scorer_params
 
 
 def scores_from(info: PrefixMatchInfo | None, endpoints: list[EndpointSnapshot]) -> list[float]:
@@ -35,7 +34,6 @@ class PrefixScorer(Plugin):
 
     def __init__(self, name: str, params: ApproxPrefixParams, handle: Handle) -> None:
         super().__init__(name)
-        claim_scorer_params(handle, APPROX_PRODUCER_TYPE, name, params)
         self.params = params
 
     def score(
