@@ -30,16 +30,34 @@ class Tokenizer(Protocol):
 
 class SimpleTokenizer:
     name = "simple"
+    # Ids of recently seen pieces: text repeats pieces heavily, and a dict lookup is
+    # several times cheaper than hashing. Cleared when full, so memory stays bounded.
+    _CACHE_LIMIT = 200_000
 
     def __init__(self, vocab_size: int = 1 << 31) -> None:
         self.vocab_size = vocab_size
+        self._ids: dict[str, int] = {}
 
     def tokenize(self, text: str) -> list[str]:
         return _TOKEN_RE.findall(text)
 
     def encode(self, text: str) -> list[int]:
+        ids = self._ids
+        pieces = _TOKEN_RE.findall(text)
+        try:
+            return [ids[p] for p in pieces]
+        except KeyError:
+            pass
+        if len(ids) > self._CACHE_LIMIT:
+            ids.clear()
         v = self.vocab_size
-        return [xxhash.xxh32_intdigest(piece.encode()) % v for piece in _TOKEN_RE.findall(text)]
+        out = []
+        for p in pieces:
+            i = ids.get(p)
+            if i is None:
+                i = ids[p] = xxhash.xxh32_intdigest(p.encode()) % v
+            out.append(i)
+        return out
 
     def count(self, text: str) -> int:
         return sum(1 for _ in _TOKEN_RE.finditer(text))
