@@ -70,9 +70,9 @@ async def test_metrics_have_upstream_names_types_and_labels():
             ]
             replies = [r async for r in stub.Process(iter(msgs))]
             assert replies[0].HasField("request_headers")
-        async with aiohttp.ClientSession() as s:
-            async with s.get(f"http://127.0.0.1:{server.metrics_port}/metrics") as r:
-                families = parse(await r.text())
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        async with aiohttp.ClientSession() as s, s.get(url) as r:
+            families = parse(await r.text())
     for name, (typ, labels) in EXPECTED.items():
         assert name in families, name
         got_type, samples = families[name]
