@@ -1,4 +1,4 @@
-"""The `epp` command: serve, sim, demo, bench, plugins.
+"""The `epp` command: serve, sim, demo, bench, plugins, sidecar.
 
 Each subcommand's flags and logic live in its own module (`add_arguments`, `run`);
 this file only wires them, so `epp --help` stays the one index of what the tool does.
@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("epp.sim.cli", "run vLLM-compatible model-server simulators"),
     "demo": ("epp.demo", "start simulators, the EPP and Envoy, send traffic, print a table"),
     "plugins": ("epp.plugin_list", "list plugin types, their aliases and parameters"),
+    "sidecar": ("epp.sidecar.cli", "P/D sidecar of a decode server: remote prefill, then decode"),
 }
 
 

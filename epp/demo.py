@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from epp.localstack import LocalStack
+from epp.localstack import LocalStack, PDLayout
 
 # Model time per token on the simulators (milliseconds). sim-3 decodes 3× slower.
 SIM_ARGS = ["--max-num-seqs", "4", "--decode-ms-per-token", "6", "--prefill-ms-per-token", "0.05"]
@@ -60,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (16)")
     p.add_argument("--seed", type=int, default=1, help="workload seed (1)")
     p.add_argument("--no-baseline", action="store_true", help="skip the round-robin phase")
+    p.add_argument(
+        "--pd",
+        action="store_true",
+        help="prefill/decode disaggregation: 2 prefill and 2 decode simulators, the decode "
+        "ones behind `epp sidecar`, config/pd-disagg.yaml (no round-robin phase)",
+    )
 
 
 def workload(n: int, seed: int) -> list[tuple[str, dict]]:
@@ -232,10 +238,74 @@ async def _phases(stack: LocalStack, args: argparse.Namespace, baseline_url: str
     return 0 if ok else 1
 
 
+async def _admin_stats(urls: dict[str, str]) -> dict[str, dict]:
+    async with aiohttp.ClientSession() as session:
+        out = {}
+        for name, url in urls.items():
+            async with session.get(url + "/admin") as r:
+                out[name] = (await r.json())["stats"]
+        return out
+
+
+async def _decisions(metrics_url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as session, session.get(metrics_url + "/metrics") as r:
+        text = await r.text()
+    out: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        if line.startswith("inference_extension_disagg_decisions_total{"):
+            kind = line.split('decision_type="', 1)[1].split('"', 1)[0]
+            out[kind] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def _pd_phases(stack: LocalStack, args: argparse.Namespace) -> int:
+    """The P/D run: the same workload; decode servers in the table, prefill servers below."""
+    requests = workload(args.requests, args.seed)
+    urls = {s.name: s.url for s in stack.sims}
+    prefills = [n for n in urls if n.startswith("prefill-")]
+    decodes = [n for n in urls if n.startswith("decode-")]
+    before, d0 = await _admin_stats(urls), await _decisions(stack.epp_metrics_url)
+    queues: dict[str, list[int]] = defaultdict(list)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_queues(stack.epp_metrics_url, stop, queues))
+    run_ = await drive("epp p/d", stack.url, requests, args.concurrency)
+    stop.set()
+    await sampler
+    after, d1 = await _admin_stats(urls), await _decisions(stack.epp_metrics_url)
+    pd_count = d1["prefill-decode"] - d0["prefill-decode"]
+    local = d1["decode-only"] - d0["decode-only"]
+
+    print()
+    print(
+        f"Through Envoy + EPP, P/D ({len(requests)} requests, {args.concurrency} in flight; "
+        "decode servers answer, behind their sidecars); TTFT over streaming requests:"
+    )
+    print(table(run_, decodes, queues))
+    print()
+    print(f"{'prefill':<10} {'remote prefills':>15} {'mean queue':>10} {'failed':>6}")
+    for n in prefills:
+        q = queues.get(n) or []
+        done = after[n]["requests_received"] - before[n]["requests_received"]
+        failed = after[n]["requests_failed"] - before[n]["requests_failed"]
+        mean_q = f"{statistics.fmean(q):.2f}" if q else "-"
+        print(f"{n:<10} {done:>15} {mean_q:>10} {failed:>6}")
+    print()
+    ok = run_.errors == 0 and pd_count > 0
+    print(
+        f"verdict: {'OK' if ok else 'FAILED'}: {len(run_.outcomes) - run_.errors}/"
+        f"{len(run_.outcomes)} requests succeeded; the EPP sent {pd_count:.0f} to a remote "
+        f"prefill and kept {local:.0f} decode-only (short or cached prompts); TTFT p90 "
+        f"{fmt_s(pct(run_.ttfts(), 0.9))} s"
+    )
+    return 0 if ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
     if args.requests < 1 or args.concurrency < 1:
         print("epp demo: --requests and --concurrency must be at least 1", file=sys.stderr)
         return 2
+    if args.pd:
+        return _run_pd(args)
     print("Starting 4 simulated vLLM servers, the EPP and Envoy on loopback ...", flush=True)
     t0 = time.perf_counter()
     try:
@@ -245,6 +315,21 @@ def run(args: argparse.Namespace) -> int:
                 baseline_url = stack.start_baseline_envoy("ROUND_ROBIN").url
             print(f"  ready in {time.perf_counter() - t0:.1f} s; Envoy + EPP at {stack.url}")
             return asyncio.run(_phases(stack, args, baseline_url))
+    except KeyboardInterrupt:
+        print("\ninterrupted; every process the demo started has been stopped", file=sys.stderr)
+        return 130
+
+
+def _run_pd(args: argparse.Namespace) -> int:
+    print(
+        "Starting 2 prefill + 2 decode simulators (with sidecars), the EPP and Envoy ...",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    try:
+        with LocalStack(sim_args=SIM_ARGS, pd=PDLayout(n_prefill=2, n_decode=2)) as stack:
+            print(f"  ready in {time.perf_counter() - t0:.1f} s; Envoy + EPP at {stack.url}")
+            return asyncio.run(_pd_phases(stack, args))
     except KeyboardInterrupt:
         print("\ninterrupted; every process the demo started has been stopped", file=sys.stderr)
         return 130

@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epp.datastore import ROLE_LABEL
 from epp.envoy import EnvoyOptions, RunningEnvoy, render_direct, start_envoy
 from epp.procs import HttpReady, LogReady, ManagedProcess, ProcessGroup, free_port
 
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
+PD_CONFIG = Path(__file__).resolve().parents[1] / "config" / "pd-disagg.yaml"
 
 
 @dataclass
@@ -34,9 +36,27 @@ class SimProcess:
         return f"127.0.0.1:{self.port}"
 
 
+@dataclass(frozen=True)
+class PDLayout:
+    """P/D mode of a LocalStack: `prefill-i` simulators (role prefill, listed directly) and
+    `decode-i` simulators (role decode), each behind an `epp sidecar` that the pool lists
+    and that may name only this stack's prefill simulators."""
+
+    n_prefill: int = 2
+    n_decode: int = 2
+    prefill_args: Sequence[str] = ()
+    decode_args: Sequence[str] = ()
+    sidecar_args: Sequence[str] = ()
+    config: Path | None = PD_CONFIG
+
+
 @dataclass
 class LocalStack:
-    """`n_sims` simulators (one process each, so one can be killed), the EPP, Envoy."""
+    """`n_sims` simulators (one process each, so one can be killed), the EPP, Envoy.
+
+    With `pd` set, the simulators are the P/D layout instead (and `n_sims` is unused);
+    `sidecars[i]` then fronts `decode-i`.
+    """
 
     n_sims: int = 3
     sim_args: Sequence[str] = ()
@@ -48,15 +68,21 @@ class LocalStack:
     pg: ProcessGroup | None = None
     envoy: RunningEnvoy | None = None
     epp_metrics_port: int = 0
+    pd: PDLayout | None = None
+    sidecars: list[SimProcess] = field(default_factory=list)
 
     def start(self) -> LocalStack:
         self.pg = ProcessGroup(self.run_dir)
         try:
-            for i in range(self.n_sims):
-                args = [*self.sim_args, *self.per_sim_args.get(i, ())]
-                sim = SimProcess(f"sim-{i}", free_port(), list(args))
-                self._start_sim(sim)
-                self.sims.append(sim)
+            if self.pd is not None:
+                endpoint_args = self._start_pd(self.pd)
+            else:
+                for i in range(self.n_sims):
+                    args = [*self.sim_args, *self.per_sim_args.get(i, ())]
+                    sim = SimProcess(f"sim-{i}", free_port(), list(args))
+                    self._start_sim(sim)
+                    self.sims.append(sim)
+                endpoint_args = [f"--endpoint={s.name}={s.hostport}" for s in self.sims]
             grpc_port, health_port, self.epp_metrics_port = free_port(), free_port(), free_port()
             argv = [
                 *EPP_CMD,
@@ -69,7 +95,7 @@ class LocalStack:
                 str(health_port),
                 "--metrics-port",
                 str(self.epp_metrics_port),
-                *[f"--endpoint={s.name}={s.hostport}" for s in self.sims],
+                *endpoint_args,
                 *self.epp_args,
             ]
             self.pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
@@ -101,6 +127,34 @@ class LocalStack:
         return start_envoy(
             self.pg, options, config=config, name=f"envoy-{lb_policy.lower()}", timeout=60
         )
+
+    def _start_pd(self, pd: PDLayout) -> list[str]:
+        """Start the P/D servers; returns the EPP's --endpoint flags (and --config)."""
+        assert self.pg is not None
+        endpoints = []
+        for role, n, extra in (
+            ("prefill", pd.n_prefill, pd.prefill_args),
+            ("decode", pd.n_decode, pd.decode_args),
+        ):
+            for i in range(n):
+                args = [*self.sim_args, "--kv-role", role, *extra]
+                sim = SimProcess(f"{role}-{i}", free_port(), args)
+                self._start_sim(sim)
+                self.sims.append(sim)
+        allow = [f"--allow={s.hostport}" for s in self.sims if s.name.startswith("prefill-")]
+        for sim in self.sims:
+            if sim.name.startswith("prefill-"):
+                endpoints.append(f"--endpoint={sim.name}={sim.hostport};{ROLE_LABEL}=prefill")
+                continue
+            sidecar = SimProcess(f"sidecar-{sim.name}", free_port(), [])
+            argv = [*EPP_CMD, "sidecar", "--host", "127.0.0.1", "--port", str(sidecar.port)]
+            argv += ["--decode-port", str(sim.port), *allow, *pd.sidecar_args]
+            sidecar.process = self.pg.start(
+                sidecar.name, argv, ready=LogReady(r"epp sidecar listening"), timeout=60
+            )
+            self.sidecars.append(sidecar)
+            endpoints.append(f"--endpoint={sim.name}={sidecar.hostport};{ROLE_LABEL}=decode")
+        return [*endpoints, *(["--config", str(pd.config)] if pd.config else [])]
 
     def _start_sim(self, sim: SimProcess, child_name: str | None = None) -> None:
         assert self.pg is not None

@@ -1,5 +1,25 @@
-"""A vLLM-compatible model-server simulator: OpenAI endpoints, vLLM's Prometheus
-metrics and a queueing/latency model, cheap enough to run many replicas in one process.
+"""A vLLM-compatible model-server simulator whose latency reacts to load the way vLLM's
+does: continuous batching, a paged KV cache with prefix caching, preemption, LoRA slots,
+KV events over ZMQ and the P/D `kv_transfer_params` protocol; cheap enough to run
+sixteen servers in one process. docs/sim.md is the user guide.
+
+Modules, one job each:
+
+- `config`: `SimConfig` (shape and speed, fixed) and `Faults` (misbehaviour, live).
+- `presets`: calibrated shapes (`tiny`, `llama-3.1-8b-h100`, `llama-3.1-70b-4xh100`)
+  with the source of every number.
+- `sequence`: `SimRequest` (one sequence: tokens, blocks, timestamps) and the `Channel`
+  that wakes its HTTP handler.
+- `kvcache`: paged blocks, hash chain over full blocks, LRU reuse of freed blocks,
+  the KV events they produce.
+- `scheduler`: vLLM V1's step policy (token budget, admission, preemption, LoRA
+  limits, remote-KV waits), synchronous and clock-free.
+- `latency`: the step-time model.
+- `engine`: the async step loop in model time (`clock`).
+- `lora`, `pd`, `kv_events`, `chat`, `tokenizer`: adapters, P/D legs, the ZMQ
+  publisher, chat rendering and tokens (shared with the EPP).
+- `openai`, `metrics`, `server`, `cluster`, `cli`: the vLLM-shaped surface.
+- `loadgen`: measures what N replicas under Poisson load cost (CPU, RSS).
 
 Use `epp sim` from the shell (`epp sim --replicas 3 --port 0` prints one
 `sim <name> listening on <url>` line per replica), or in tests:
@@ -15,8 +35,18 @@ answered 500), `metrics` (false: /metrics never answers), `healthy` (false: /hea
 """
 
 from epp.sim.cluster import SimCluster
-from epp.sim.config import Faults, SimConfig
+from epp.sim.config import Faults, KVEventsConfig, SimConfig
+from epp.sim.presets import config_for
 from epp.sim.server import SERVER_HEADER, SimServer
 from epp.sim.tokenizer import count_tokens
 
-__all__ = ["SERVER_HEADER", "Faults", "SimCluster", "SimConfig", "SimServer", "count_tokens"]
+__all__ = [
+    "SERVER_HEADER",
+    "Faults",
+    "KVEventsConfig",
+    "SimCluster",
+    "SimConfig",
+    "SimServer",
+    "config_for",
+    "count_tokens",
+]

@@ -2,6 +2,10 @@
 
 Prints `sim <name> listening on <url>` per replica (flushed) once all are up; scripts
 and tests wait for those lines, which is also how they learn ports chosen by `--port 0`.
+
+Settings resolve in three layers: `SimConfig`'s defaults, then `--preset`'s values,
+then every flag given explicitly (so `--preset llama-3.1-8b-h100 --max-num-seqs 64`
+is the 8B server with a smaller batch).
 """
 
 from __future__ import annotations
@@ -9,13 +13,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
+from dataclasses import fields
+from typing import Any
 
+from epp.sim import presets
+from epp.sim.chat import load_renderer
 from epp.sim.cluster import SimCluster
-from epp.sim.config import SimConfig
+from epp.sim.config import KV_EVENT_FORMATS, KV_ROLES, KVEventsConfig, SimConfig
+from epp.sim.tokenizer import shared_tokenizer
 
 _DEFAULTS = SimConfig()
+_FIELDS = {f.name for f in fields(SimConfig)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,61 +39,142 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="port of replica 0; replica i uses port+i. 0 picks free ports (default 8000)",
     )  # fmt: skip
     p.add_argument("--name-prefix", default="sim", help="replica i is named PREFIX-i")
-    p.add_argument("--model", default=d.model, help=f"served model name (default {d.model})")
     p.add_argument(
-        "--lora-modules", nargs="*", default=[], metavar="NAME[=PATH]",
-        help="LoRA adapters also served (PATH is ignored)",
+        "--preset", choices=sorted([*presets.PRESETS, *presets.ALIASES]),
+        help="calibrated server shape (limits, KV cache, step times); flags override it",
     )  # fmt: skip
-    p.add_argument("--max-loras", type=int, default=d.max_loras)
+    p.add_argument("--model", help=f"served model name (default {d.model})")
     p.add_argument(
-        "--max-num-seqs", type=int, default=d.max_num_seqs,
-        help=f"max concurrently running requests; the rest queue FIFO (default {d.max_num_seqs})",
+        "--lora-modules", nargs="*", metavar="NAME[=PATH]",
+        help="LoRA adapters served beside the base model (PATH is only reported)",
     )  # fmt: skip
-    p.add_argument("--prefill-ms-per-token", type=float, default=d.prefill_ms_per_token)
+    p.add_argument("--max-loras", type=int, help="adapters in one batch / GPU slots (1)")
     p.add_argument(
-        "--decode-ms-per-token", type=float, default=d.decode_ms_per_token,
-        help="model time of one decode step (one token for every running sequence)",
-    )  # fmt: skip
-    p.add_argument(
-        "--batch-slowdown", type=float, default=d.batch_slowdown,
-        help="extra decode step time per additional running sequence, as a fraction",
+        "--lora-load-ms", type=float,
+        help="model ms a step waits to load an adapter that is not resident (0)",
     )  # fmt: skip
     p.add_argument(
-        "--time-scale", type=float, default=d.time_scale,
+        "--max-num-seqs", type=int,
+        help=f"max running requests; the rest queue FIFO (default {d.max_num_seqs})",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-num-batched-tokens", type=int,
+        help=f"token budget of one step (default {d.max_num_batched_tokens})",
+    )  # fmt: skip
+    p.add_argument("--step-base-ms", type=float, help="fixed model ms of every step (0)")
+    p.add_argument(
+        "--weight-read-ms", type=float,
+        help="floor of a step's matmul time: reading the weights once (0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefill-ms-per-token", type=float,
+        help=f"model ms per prompt token computed (default {d.prefill_ms_per_token})",
+    )  # fmt: skip
+    p.add_argument(
+        "--decode-ms-per-token", type=float,
+        help="model ms of the decode part of a step (one token for every running sequence)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-slowdown", type=float,
+        help="extra decode time per additional running sequence, as a fraction (0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--attention-ms-per-ktoken", type=float,
+        help="model ms per 1000 context tokens attended in a step (0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--time-scale", type=float,
         help="run the model this many times faster than real time; metrics stay in model time",
     )  # fmt: skip
-    p.add_argument("--kv-capacity-tokens", type=int, default=d.kv_capacity_tokens)
-    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument(
+        "--kv-capacity-tokens", type=int,
+        help=f"KV-cache size in tokens (default {d.kv_capacity_tokens})",
+    )  # fmt: skip
+    p.add_argument("--num-gpu-blocks", type=int, help="KV-cache size in blocks (instead)")
+    p.add_argument("--block-size", type=int, help=f"tokens per KV block (default {d.block_size})")
+    p.add_argument(
+        "--max-model-len", type=int, help="longest prompt + output (default: the cache size)"
+    )
     p.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-        default=d.enable_prefix_caching,
-        help="only reported in vllm:cache_config_info for now",
+        help="reuse cached KV blocks across requests (default on, as in vLLM V1)",
     )  # fmt: skip
-    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     p.add_argument(
-        "--failure-rate", type=float, default=d.failure_rate,
+        "--tokenizer", metavar="PATH",
+        help="a Hugging Face tokenizer.json (or its folder); default: the EPP's simple one",
+    )  # fmt: skip
+    p.add_argument(
+        "--chat-template", metavar="PATH",
+        help="Jinja chat template (.jinja or tokenizer_config.json; needs jinja2); "
+        "default: the EPP's rendering",
+    )  # fmt: skip
+    p.add_argument(
+        "--default-max-tokens", type=int,
+        help=f"output length when a request sets none (default {d.default_max_tokens})",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-events-config", metavar="JSON",
+        help="vLLM's KV-events JSON, e.g. '{\"enable_kv_cache_events\": true, "
+        "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}'",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-events-format", choices=KV_EVENT_FORMATS,
+        help="events as tagged maps (vLLM 0.32, default) or positional arrays (older vLLM)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-role", choices=KV_ROLES,
+        help="P/D legs honoured: both (default), prefill, decode, none",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-transfer-ms-per-token", type=float,
+        help=f"decode side: model ms to pull one prompt token's KV "
+        f"(default {d.kv_transfer_ms_per_token})",
+    )  # fmt: skip
+    p.add_argument(
+        "--failure-rate", type=float,
         help="fraction of inference requests answered with HTTP 500",
     )  # fmt: skip
-    p.add_argument("--seed", type=int, default=d.seed, help="seed for injected failures")
+    p.add_argument("--seed", type=int, help="seed for injected failures")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    return SimConfig(
-        model=args.model,
-        lora_modules=tuple(m.split("=", 1)[0] for m in args.lora_modules),
-        max_loras=args.max_loras,
-        max_num_seqs=args.max_num_seqs,
-        prefill_ms_per_token=args.prefill_ms_per_token,
-        decode_ms_per_token=args.decode_ms_per_token,
-        batch_slowdown=args.batch_slowdown,
-        time_scale=args.time_scale,
-        kv_capacity_tokens=args.kv_capacity_tokens,
-        block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching,
-        default_max_tokens=args.default_max_tokens,
-        failure_rate=args.failure_rate,
-        seed=args.seed,
-    )
+    """Defaults <- preset <- explicit flags. Raises ValueError on a bad combination."""
+    explicit: dict[str, Any] = {
+        name: value
+        for name, value in vars(args).items()
+        if name in _FIELDS and value is not None and name not in ("preset", "kv_events")
+    }
+    if args.lora_modules is not None:
+        explicit["lora_modules"] = tuple(args.lora_modules)
+    if args.num_gpu_blocks is not None:
+        if args.kv_capacity_tokens is not None:
+            raise ValueError("give --num-gpu-blocks or --kv-capacity-tokens, not both")
+        explicit["kv_capacity_tokens"] = None  # resolved below, once block_size is known
+    if args.kv_events_config:
+        try:
+            raw = json.loads(args.kv_events_config)
+        except ValueError as e:
+            raise ValueError(f"--kv-events-config is not JSON: {e}") from None
+        explicit["kv_events"] = KVEventsConfig.from_dict(raw)
+    if explicit.get("kv_capacity_tokens", 0) is None:
+        block = explicit.get("block_size")
+        if block is None:
+            block = presets.get(args.preset).values.get("block_size") if args.preset else None
+        explicit["kv_capacity_tokens"] = args.num_gpu_blocks * (block or _DEFAULTS.block_size)
+    config = presets.config_for(args.preset, **explicit)
+    events = config.kv_events
+    if (
+        getattr(args, "replicas", 1) > 1
+        and events is not None
+        and events.enabled
+        and events.topic
+        and "{port}" not in events.topic
+    ):
+        raise ValueError(
+            "with --replicas > 1 each replica needs its own KV-events topic: leave 'topic'"
+            " empty (kv@{host}:{port}@{model}) or put {port} in it"
+        )
+    return config
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -114,8 +206,10 @@ def run(args: argparse.Namespace) -> int:
         print("epp sim: --replicas must be >= 1", file=sys.stderr)
         return 2
     try:
-        config_from_args(args)
-    except ValueError as e:
+        config = config_from_args(args)
+        shared_tokenizer(config.tokenizer)  # fail now, not in every replica
+        load_renderer(config.chat_template)
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"epp sim: {e}", file=sys.stderr)
         return 2
     try:

@@ -15,6 +15,10 @@ class SimCluster:
     `base_port=0` gives every replica its own free port (read `.port`/`.url` after
     start); otherwise replica i listens on `base_port + i`. `configs`, if given, sets
     each replica's config (a heterogeneous pool) and overrides `n` and `config`.
+
+    With KV events, replica i publishes on topic `kv@host:port_i@model` (or the
+    configured topic template); a bound endpoint `tcp://*:P` becomes `tcp://*:P+i`, a
+    connected one is shared (the subscriber binds it once and tells replicas by topic).
     """
 
     def __init__(
@@ -32,7 +36,13 @@ class SimCluster:
                 raise ValueError("a cluster needs at least one replica")
             configs = [config or SimConfig()] * n
         self.servers = [
-            SimServer(f"{name_prefix}-{i}", cfg, host=host, port=base_port + i if base_port else 0)
+            SimServer(
+                f"{name_prefix}-{i}",
+                cfg,
+                host=host,
+                port=base_port + i if base_port else 0,
+                replica=i,
+            )
             for i, cfg in enumerate(configs)
         ]
 

@@ -3,6 +3,19 @@
 The two are kept apart on purpose: `SimConfig` is shared by every replica of a cluster
 and never changes once a server runs, while each server owns its own `Faults`, which
 tests and `POST /admin` flip while traffic flows.
+
+The step-time model (see `latency.py`) is
+
+    step = step_base_ms                                  (any work in the step)
+         + max(weight_read_ms,                           (the matmuls' memory floor)
+               prefill_ms_per_token * prefill tokens computed in the step
+               + decode_ms_per_token * [decodes] * (1 + batch_slowdown * (decodes - 1)))
+         + attention_ms_per_ktoken * context tokens attended / 1000
+         + lora_load_ms           * adapters loaded for the step
+
+With `batch_slowdown=1` the decode term is simply `decode_ms_per_token` per decoding
+sequence; the calibrated presets (`presets.py`) use that form. The plain defaults below
+keep the simulator's original, cheaper shape (a fixed decode step, no base, no floor).
 """
 
 from __future__ import annotations
@@ -11,6 +24,49 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+KV_ROLES = ("both", "prefill", "decode", "none")
+KV_EVENT_FORMATS = ("map", "array")
+
+
+@dataclass(frozen=True)
+class KVEventsConfig:
+    """vLLM's `--kv-events-config` JSON (vllm/config/kv_events.py), same keys and defaults.
+
+    `topic` may hold `{host}`, `{port}` and `{model}`; empty means the llm-d convention
+    `kv@{host}:{port}@{model}`, so every replica of `--replicas N` gets its own topic.
+    """
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "null"
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> KVEventsConfig:
+        if not isinstance(raw, dict):
+            raise ValueError("--kv-events-config must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown kv-events-config key(s) {unknown}; known: {sorted(known)}")
+        values = dict(raw)
+        if values.get("publisher") is None:  # vLLM: zmq when enabled, else null
+            values["publisher"] = "zmq" if values.get("enable_kv_cache_events") else "null"
+        config = cls(**values)
+        if config.publisher not in ("zmq", "null"):
+            raise ValueError(f"unknown kv-events publisher {config.publisher!r} (zmq or null)")
+        if config.enabled and "://" not in config.endpoint:
+            raise ValueError(f"kv-events endpoint {config.endpoint!r} is not a ZMQ address")
+        return config
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -18,40 +74,73 @@ class SimConfig:
 
     `time_scale` is the only knob in wall-clock terms: every wait is divided by it, so a
     test can run a "5 ms per token" model 50x faster while the metrics still say 5 ms.
+    Build one from a calibrated preset with `presets.config_for(name, **overrides)`.
     """
 
     model: str = "tiny"
+    preset: str | None = None
     lora_modules: tuple[str, ...] = ()
     max_loras: int = 1
+    lora_load_ms: float = 0.0
     max_num_seqs: int = 8
+    max_num_batched_tokens: int = 8192
+    step_base_ms: float = 0.0
+    weight_read_ms: float = 0.0
     prefill_ms_per_token: float = 0.05
     decode_ms_per_token: float = 5.0
     # Extra decode time per additional running sequence, as a fraction of one step
     # (0.1 means a batch of 11 decodes at twice the single-sequence step time).
     batch_slowdown: float = 0.0
+    attention_ms_per_ktoken: float = 0.0
     time_scale: float = 1.0
     kv_capacity_tokens: int = 65536
     block_size: int = 16
-    enable_prefix_caching: bool = False
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    tokenizer: str | None = None
+    chat_template: str | None = None
     default_max_tokens: int = 16
     failure_rate: float = 0.0
     seed: int = 0
+    kv_role: str = "both"
+    kv_transfer_ms_per_token: float = 0.001
+    kv_events: KVEventsConfig | None = None
+    kv_events_format: str = "map"
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model name must not be empty")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
         if self.time_scale <= 0 or not math.isfinite(self.time_scale):
             raise ValueError("time_scale must be a positive number")
         if self.block_size < 1 or self.kv_capacity_tokens < self.block_size:
             raise ValueError("kv_capacity_tokens must hold at least one block")
+        if self.max_model_len is not None and not (
+            1 <= self.max_model_len <= self.num_gpu_blocks * self.block_size
+        ):
+            # vLLM refuses to start when one max-length sequence cannot fit in the cache.
+            raise ValueError("max_model_len must be >= 1 and fit in the KV cache")
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
-        if min(self.prefill_ms_per_token, self.decode_ms_per_token, self.batch_slowdown) < 0:
+        latencies = (
+            self.step_base_ms, self.weight_read_ms, self.prefill_ms_per_token,
+            self.decode_ms_per_token,
+            self.batch_slowdown, self.attention_ms_per_ktoken, self.lora_load_ms,
+            self.kv_transfer_ms_per_token,
+        )  # fmt: skip
+        if min(latencies) < 0 or not all(math.isfinite(v) for v in latencies):
             raise ValueError("latencies must not be negative")
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError("failure_rate must be within [0, 1]")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {KV_ROLES}")
+        if self.kv_events_format not in KV_EVENT_FORMATS:
+            raise ValueError(f"kv_events_format must be one of {KV_EVENT_FORMATS}")
         # Accept a list from callers; a tuple keeps the frozen config hashable.
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
 
@@ -60,9 +149,19 @@ class SimConfig:
         return self.kv_capacity_tokens // self.block_size
 
     @property
+    def model_len(self) -> int:
+        """The longest sequence (prompt + output) a request may ask for."""
+        return self.max_model_len or self.num_gpu_blocks * self.block_size
+
+    @property
+    def lora_names(self) -> tuple[str, ...]:
+        """The adapters of `lora_modules` (each `NAME` or vLLM's `NAME=PATH`)."""
+        return tuple(m.split("=", 1)[0] for m in self.lora_modules)
+
+    @property
     def served_models(self) -> tuple[str, ...]:
-        """Every name a request may use: the base model first, then LoRA adapters."""
-        return (self.model, *self.lora_modules)
+        """Every name a request may use at start: the base model, then LoRA adapters."""
+        return (self.model, *self.lora_names)
 
 
 @dataclass

@@ -6,13 +6,18 @@ server, and so the server module reads as control flow only.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from epp.sim import pd
+from epp.sim.chat import ChatError, Renderer, render_default
 from epp.sim.config import SimConfig
-from epp.sim.tokenizer import count_tokens
+from epp.sim.tokenizer import shared_tokenizer
+from epp.tokenizer import Tokenizer
 
 Kind = Literal["completion", "chat"]
 
@@ -43,47 +48,76 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class InferenceRequest:
-    """A validated request: one entry of `prompt_tokens` per choice to generate."""
+    """A validated request: one entry of `prompts` (token ids) per choice to generate."""
 
     kind: Kind
     model: str
-    prompt_tokens: tuple[int, ...]
+    prompts: tuple[tuple[int, ...], ...]
     max_tokens: int
     finish_reason: str
     stream: bool
     include_usage: bool
+    lora: str | None = None
+    cache_salt: str | None = None
+    kv_kind: pd.Kind = "none"
+    kv_params: dict[str, Any] | None = None
+
+    @property
+    def prompt_tokens(self) -> tuple[int, ...]:
+        return tuple(len(p) for p in self.prompts)
 
 
-def parse(kind: Kind, body: Any, config: SimConfig) -> InferenceRequest:
+def parse(
+    kind: Kind,
+    body: Any,
+    config: SimConfig,
+    *,
+    tokenizer: Tokenizer | None = None,
+    render: Renderer = render_default,
+    models: Collection[str] | None = None,
+) -> InferenceRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
+    tok = tokenizer or shared_tokenizer(config.tokenizer)
+    served = config.served_models if models is None else models
     model = body.get("model")
     if model is None:
         model = config.model  # vLLM serves the default model when none is named
     if not isinstance(model, str):
         raise ApiError(400, "'model' must be a string")
-    if model not in config.served_models:
+    if model not in served:
         raise ApiError(404, f"The model `{model}` does not exist.")
 
     if kind == "completion":
-        prompts = _completion_prompts(body.get("prompt"))
+        prompts = _completion_prompts(body.get("prompt"), tok)
         max_tokens = _positive_int(body, "max_tokens")
     else:
-        prompts = (count_tokens(render_chat(body.get("messages"))),)
+        try:
+            text = render(body.get("messages"))
+        except ChatError as e:
+            raise ApiError(400, str(e)) from None
+        prompts = (tuple(tok.encode(text)),)
         max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
             body, "max_tokens"
         )
+    vocab = getattr(tok, "vocab_size", 1 << 32)
+    for ids in prompts:
+        if not ids:
+            raise ApiError(400, "The decoder prompt cannot be empty")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ApiError(400, f"Token id {max(ids)} is out of vocabulary")
 
     # Without a limit a real model stops on its own (EOS): report "stop" then.
     finish_reason = "length" if max_tokens is not None else "stop"
     max_tokens = max_tokens or config.default_max_tokens
-    for n in prompts:
-        if n + max_tokens > config.kv_capacity_tokens:
+    limit = config.model_len
+    for ids in prompts:
+        if len(ids) + max_tokens > limit:
             raise ApiError(
                 400,
-                f"This model's maximum context length is {config.kv_capacity_tokens} tokens."
-                f" However, you requested {n + max_tokens} tokens ({n} in the messages,"
-                f" {max_tokens} in the completion). Please reduce the length of the"
+                f"This model's maximum context length is {limit} tokens."
+                f" However, you requested {len(ids) + max_tokens} tokens ({len(ids)} in the"
+                f" messages, {max_tokens} in the completion). Please reduce the length of the"
                 " messages or completion.",
             )
 
@@ -94,7 +128,27 @@ def parse(kind: Kind, body: Any, config: SimConfig) -> InferenceRequest:
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object")
     include_usage = bool(options.get("include_usage", False))
-    return InferenceRequest(kind, model, prompts, max_tokens, finish_reason, stream, include_usage)
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError(400, "'cache_salt' must be a non-empty string")
+    params = body.get("kv_transfer_params")
+    try:
+        kv_kind = pd.classify(params)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    return InferenceRequest(
+        kind,
+        model,
+        prompts,
+        max_tokens,
+        finish_reason,
+        stream,
+        include_usage,
+        lora=None if model == config.model else model,
+        cache_salt=salt,
+        kv_kind=kv_kind,
+        kv_params=params,
+    )
 
 
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
@@ -108,68 +162,49 @@ def _positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _completion_prompts(prompt: Any) -> tuple[int, ...]:
-    """Token counts for each prompt: a string, token ids, or a batch of either."""
+def _is_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def _completion_prompts(prompt: Any, tok: Tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Token ids for each prompt: a string, token ids, or a batch of either."""
     if isinstance(prompt, str):
-        return (count_tokens(prompt),)
+        return (tuple(tok.encode(prompt)),)
+    if _is_ids(prompt):
+        return (tuple(prompt),)
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return (len(prompt),)
-        counts = []
+        out = []
         for p in prompt:
             if isinstance(p, str):
-                counts.append(count_tokens(p))
-            elif isinstance(p, list) and p and all(isinstance(t, int) for t in p):
-                counts.append(len(p))
+                out.append(tuple(tok.encode(p)))
+            elif _is_ids(p):
+                out.append(tuple(p))
             else:
                 break
         else:
-            return tuple(counts)
+            return tuple(out)
     raise ApiError(400, "'prompt' must be a string, a list of strings, or (lists of) token ids")
 
 
-def render_chat(messages: Any) -> str:
-    """Messages flattened through a minimal chat template, so role markers and the
-    generation prompt cost tokens as they do with a real template."""
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list")
-    parts = []
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ApiError(400, "each message must be an object with a string 'role'")
-        parts.append(f"<|{message['role']}|>\n{_content_text(message.get('content'))}\n")
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
-
-
-def _content_text(content: Any) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise ApiError(400, "each content part must be an object with a 'type'")
-            if part["type"] == "text":
-                if not isinstance(part.get("text"), str):
-                    raise ApiError(400, "a text content part needs a string 'text'")
-                texts.append(part["text"])
-            # Other parts (images, audio) carry no text; the sim ignores them.
-        return "\n".join(texts)
-    raise ApiError(400, "message 'content' must be a string or a list of content parts")
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
 class ResponseBuilder:
-    """Builds the bodies of one response; every chunk shares the id and timestamp."""
+    """Builds the bodies of one response; every chunk shares the id and timestamp.
+
+    Streamed token chunks are the hot path with many servers in one process, so their
+    JSON is a pre-rendered template with only the index, text and finish reason filled in.
+    """
 
     def __init__(self, kind: Kind, model: str) -> None:
         self.kind = kind
@@ -177,12 +212,23 @@ class ResponseBuilder:
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+        head = json.dumps(self._head(obj))[:-1]  # without the closing brace
+        if kind == "completion":
+            self._chunk = head + ', "choices": [{"index": %d, "text": %s, '
+        else:
+            self._chunk = head + ', "choices": [{"index": %d, "delta": {"content": %s}, '
+        self._chunk += '"logprobs": null, "finish_reason": %s, "stop_reason": null}]}'
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
     def full(
-        self, texts: list[str], finish_reasons: list[str], usage_: dict[str, Any]
+        self,
+        texts: list[str],
+        finish_reasons: list[str],
+        usage_: dict[str, Any],
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
@@ -193,42 +239,55 @@ class ResponseBuilder:
             choice.update(logprobs=None, finish_reason=reason, stop_reason=None)
             choices.append(choice)
         obj = "text_completion" if self.kind == "completion" else "chat.completion"
-        return {**self._head(obj), "choices": choices, "usage": usage_}
+        return {
+            **self._head(obj),
+            "choices": choices,
+            "usage": usage_,
+            "kv_transfer_params": kv_transfer_params,
+        }
 
     def chunk(
         self, index: int, text: str, first: bool, finish_reason: str | None
     ) -> dict[str, Any]:
         """One streamed token. The chat role rides on the first token's delta (not a
         separate empty chunk) so a stream has exactly one chunk per token."""
-        if self.kind == "completion":
-            choice: dict[str, Any] = {"index": index, "text": text}
-            obj = "text_completion"
-        else:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": index, "delta": delta}
-            obj = "chat.completion.chunk"
-        choice.update(logprobs=None, finish_reason=finish_reason, stop_reason=None)
-        return {**self._head(obj), "choices": [choice]}
+        return json.loads(self.chunk_json(index, text, first, finish_reason))
+
+    def chunk_json(self, index: int, text: str, first: bool, finish_reason: str | None) -> str:
+        if first and self.kind == "chat":
+            choice = {
+                "index": index,
+                "delta": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": None,
+            }
+            return json.dumps({**self._head("chat.completion.chunk"), "choices": [choice]})
+        reason = "null" if finish_reason is None else json.dumps(finish_reason)
+        return self._chunk % (index, json.dumps(text), reason)
 
     def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
         obj = "text_completion" if self.kind == "completion" else "chat.completion.chunk"
         return {**self._head(obj), "choices": [], "usage": usage_}
 
 
-def models_body(config: SimConfig) -> dict[str, Any]:
+def models_body(config: SimConfig, adapters: dict[str, str] | None = None) -> dict[str, Any]:
+    """`GET /v1/models`: the base model, then every adapter (name -> path) as vLLM lists
+    LoRA modules (root = the adapter's path, parent = the base model)."""
     created = int(time.time())
-    data = []
-    for name in config.served_models:
-        is_base = name == config.model
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "vllm",
-                "root": name if is_base else f"/loras/{name}",
-                "parent": None if is_base else config.model,
-                "max_model_len": config.kv_capacity_tokens,
-            }
-        )
+    entries = [(config.model, config.model, None)]
+    for name, path in (adapters or {}).items():
+        entries.append((name, path, config.model))
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": root,
+            "parent": parent,
+            "max_model_len": config.model_len,
+        }
+        for name, root, parent in entries
+    ]
     return {"object": "list", "data": data}

@@ -1,20 +1,24 @@
-"""The simulator's stand-in tokenizer: cheap, deterministic, dependency-free.
+"""Tokens for the simulator, from the tokenizer the EPP uses (`epp.tokenizer`).
 
-A token is a run of word characters (`\\w+`) or one other non-space character, so
-"Hello, world!" is 4 tokens. That is close enough to a BPE count on English text for
-load and KV-cache accounting, costs one regex pass, and needs no vocabulary file. It
-lives alone in this module so a real (pluggable) tokenizer can replace it later
-without touching the engine or the HTTP layer.
+Prefix-cache routing only lines up with the server's KV blocks if the EPP and the
+server cut a prompt into the same token ids, so the simulator does not have its own
+tokenizer: it loads `epp.tokenizer.load_tokenizer(spec)`, the simple deterministic one
+by default or a Hugging Face `tokenizer.json` (`--tokenizer PATH`). One instance per
+spec is shared by all replicas in a process.
 
-Generated text is built from `filler_token`, each of which this tokenizer counts as
-exactly one token: re-tokenizing a response yields the `completion_tokens` it reports.
+Generated text is built from `filler_token`, each of which the simple tokenizer counts
+as exactly one token: re-tokenizing a response yields the `completion_tokens` it
+reports. The generated token *ids* (what KV blocks of generated text hash) are each
+filler word's first id under the server's tokenizer.
 """
 
 from __future__ import annotations
 
-import re
+import functools
 
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+from epp.tokenizer import SimpleTokenizer, Tokenizer, load_tokenizer
+
+_SIMPLE = SimpleTokenizer()
 
 # Short common words, so streamed output reads as text in a terminal during demos.
 _FILLER_WORDS = (
@@ -23,12 +27,18 @@ _FILLER_WORDS = (
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=8)
+def shared_tokenizer(spec: str | None) -> Tokenizer:
+    """The tokenizer for `spec` (None/"simple" or a tokenizer.json path), loaded once."""
+    return load_tokenizer(spec)
+
+
 def tokenize(text: str) -> list[str]:
-    return _TOKEN_RE.findall(text)
+    return _SIMPLE.tokenize(text)
 
 
 def count_tokens(text: str) -> int:
-    return sum(1 for _ in _TOKEN_RE.finditer(text))
+    return _SIMPLE.count(text)
 
 
 def filler_token(index: int) -> str:
@@ -38,3 +48,8 @@ def filler_token(index: int) -> str:
 
 def filler_text(n: int) -> str:
     return "".join(filler_token(i) for i in range(n))
+
+
+def filler_ids(tokenizer: Tokenizer) -> list[int]:
+    """Token id of each filler word under `tokenizer` (the cycle generated text follows)."""
+    return [(tokenizer.encode(filler_token(i)) or [0])[0] for i in range(len(_FILLER_WORDS))]

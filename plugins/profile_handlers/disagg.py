@@ -159,9 +159,10 @@ class DisaggProfileHandler(Plugin):
     def validate_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
         """Check the profile and decider names against the loaded config.
 
-        Raises ValueError naming the missing name and what is defined. Meant to run at
-        config load (needs a loader hook; see docs/plugins.md); until then it runs on
-        the first request, which then fails with 500 and this message.
+        Raises ValueError naming the missing name and what is defined. Meant for config
+        load, where the profiles are known; the loader does not call handlers back yet,
+        so until it does this runs on the first request, which fails with 500 and this
+        message (a mistyped name shows on the first request, not at start).
         """
         if self.decode not in profiles:
             raise ValueError(

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.sim import SERVER_HEADER, SimCluster, SimConfig, SimServer, count_tokens
-from epp.sim.openai import render_chat
+from epp.sim.chat import render_default as render_chat
 
 # Fast enough that 16 tokens take ~2 ms of real time.
 FAST = SimConfig(decode_ms_per_token=1.0, time_scale=10.0)
@@ -289,7 +289,7 @@ async def test_metrics_names_and_labels(http: aiohttp.ClientSession, sim: SimSer
             "vllm:cache_config_info",
             block_size="16",
             num_gpu_blocks=str(65536 // 16),
-            enable_prefix_caching="False",
+            enable_prefix_caching="True",
             **base,
         )
         == 1.0
