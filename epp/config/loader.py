@@ -436,4 +436,14 @@ def _profile_handler(
             "schedulingProfiles",
             f"single-profile-handler runs exactly one profile; {len(profiles)} are defined",
         )
+    # A handler that refers to profiles or other plugins by name checks them now, at
+    # start, rather than on the first request.
+    validate = getattr(handler, "validate_profiles", None)
+    if validate is not None:
+        try:
+            validate(profiles)
+        except ValueError as e:
+            index = list(plugins).index(handler.name) if handler.name in plugins else None
+            path = f"plugins[{index}].parameters" if index is not None else "plugins"
+            raise ConfigError(path, str(e)) from None
     return handler

@@ -159,10 +159,9 @@ class DisaggProfileHandler(Plugin):
     def validate_profiles(self, profiles: Mapping[str, SchedulerProfile]) -> None:
         """Check the profile and decider names against the loaded config.
 
-        Raises ValueError naming the missing name and what is defined. Meant for config
-        load, where the profiles are known; the loader does not call handlers back yet,
-        so until it does this runs on the first request, which fails with 500 and this
-        message (a mistyped name shows on the first request, not at start).
+        Raises ValueError naming the missing name and what is defined. The config loader
+        calls it, so a mistyped name stops `epp serve` at start; the first request checks
+        again for handlers built outside a config (tests).
         """
         if self.decode not in profiles:
             raise ValueError(

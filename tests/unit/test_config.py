@@ -208,3 +208,22 @@ def test_shipped_configs_load():
     assert files, "config/ ships at least default.yaml"
     for f in files:
         load_config_file(f)
+
+
+def test_pd_handler_names_are_checked_at_load():
+    msg = error(
+        """
+        plugins:
+        - type: decode-filter
+        - type: always-disagg-pd-decider
+        - type: disagg-profile-handler
+          parameters: {profiles: {decode: dec}, deciders: {prefill: always-disagg-pd-decider}}
+        schedulingProfiles:
+        - name: decode
+          plugins: [{pluginRef: decode-filter}]
+        - name: prefill
+          plugins: [{pluginRef: decode-filter}]
+        """
+    )
+    assert "plugins[2].parameters" in msg
+    assert "decode profile 'dec' is not defined. Defined profiles: decode, prefill" in msg
