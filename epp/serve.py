@@ -26,6 +26,7 @@ from epp.datalayer.endpoints_file import (
     EndpointsError,
     load_endpoints_file,
     parse_endpoint_args,
+    watch_endpoints_file,
 )
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
@@ -51,6 +52,10 @@ class ServeOptions:
     pool_name: str = "default"
     scrape: bool = True
     endpoints: list[Endpoint] = field(default_factory=list)
+    # Re-read this endpoints file when it changes (e.g. a Kubernetes ConfigMap);
+    # `extra_endpoints` (from --endpoint flags) stay beside it.
+    watch_file: str | None = None
+    extra_endpoints: list[Endpoint] = field(default_factory=list)
 
 
 class EppServer:
@@ -73,6 +78,7 @@ class EppServer:
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
+        self._watch: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.health_port = 0
@@ -87,6 +93,10 @@ class EppServer:
             self.scraper.start()
         for plugin in self._lifecycle:
             await plugin.start()
+        if o.watch_file:
+            self._watch = asyncio.create_task(
+                watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
+            )
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
             self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
         )
@@ -116,6 +126,10 @@ class EppServer:
         )
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            self._watch = None
         for server in self._servers:
             await server.stop(grace=1.0)
         self._servers = []
@@ -191,6 +205,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME=HOST:PORT[;LABEL=VALUE...]",
         help="an endpoint of the pool (repeatable)",
     )
+    p.add_argument(
+        "--no-watch-endpoints",
+        action="store_true",
+        help="read --endpoints once; by default the file is re-read when it changes",
+    )
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (9002)")
     p.add_argument("--health-port", type=int, default=9003, help="gRPC health port (9003)")
@@ -228,7 +247,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     endpoints: list[Endpoint] = []
     if args.endpoints:
         endpoints += load_endpoints_file(args.endpoints)
-    endpoints += parse_endpoint_args(args.endpoint)
+    flagged = parse_endpoint_args(args.endpoint)
+    endpoints += flagged
     names = [e.name for e in endpoints]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -251,6 +271,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         scrape_timeout=args.scrape_timeout,
         pool_name=args.pool_name,
         endpoints=endpoints,
+        watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
+        extra_endpoints=flagged,
     )
     return opts, config
 
@@ -264,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, EndpointsError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
-    if not opts.endpoints:
+    if not opts.endpoints and not opts.watch_file:
         log.warning("no endpoints given (--endpoints/--endpoint): every request will get 503")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(opts, config, args.seed))

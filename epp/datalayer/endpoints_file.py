@@ -273,6 +273,7 @@ async def watch_endpoints_file(
     path: str | os.PathLike[str],
     datastore: Datastore,
     interval: float = 1.0,
+    extra: Sequence[Endpoint] = (),
 ) -> None:
     """Keep the datastore's pool equal to the file at `path`; runs until cancelled.
 
@@ -280,6 +281,7 @@ async def watch_endpoints_file(
     (polled every `interval` seconds: portable, and cheap for one small file). A file
     that is missing or fails to load or validate is logged, once per change, and the
     current pool is kept. The pool is replaced only when the list actually differs.
+    `extra` endpoints (from `--endpoint` flags) stay in the pool beside the file's.
     Callers usually load the file first with `load_endpoints_file`, so a bad file at
     start-up is a hard error; this reading is then a no-op.
     """
@@ -289,11 +291,11 @@ async def watch_endpoints_file(
         key = _stat_key(p)
         if key != last:
             last = key
-            _reload(p, datastore, key is not None)
+            _reload(p, datastore, key is not None, extra)
         await asyncio.sleep(interval)
 
 
-def _reload(path: Path, datastore: Datastore, exists: bool) -> None:
+def _reload(path: Path, datastore: Datastore, exists: bool, extra: Sequence[Endpoint]) -> None:
     if not exists:
         log.error("endpoints file %s is missing; keeping the %d endpoints", path, len(datastore))
         return
@@ -302,6 +304,16 @@ def _reload(path: Path, datastore: Datastore, exists: bool) -> None:
     except EndpointsError as e:
         log.error("endpoints file not reloaded, keeping the current pool: %s", e)
         return
+    taken = {e.name for e in endpoints} | {e.hostport for e in endpoints}
+    clashes = [e.name for e in extra if e.name in taken or e.hostport in taken]
+    if clashes:
+        log.error(
+            "endpoints file %s not reloaded: it names %s, also given by --endpoint",
+            path,
+            ", ".join(clashes),
+        )
+        return
+    endpoints = [*endpoints, *extra]
     if endpoints != datastore.endpoints():
-        log.info("endpoints file %s loaded: %d endpoints", path, len(endpoints))
+        log.info("endpoints file %s loaded: %d endpoints", path, len(endpoints) - len(extra))
         datastore.set_endpoints(endpoints)
