@@ -7,8 +7,8 @@ together.
 
 Optionally (`--chat-template`), a Hugging Face Jinja chat template from a
 `tokenizer_config.json` or a `.jinja` file renders the messages as `transformers` would
-(`add_generation_prompt=True`). That needs `jinja2`, which is not a dependency of this
-project; the EPP then sees other token ids unless it renders the same way.
+(`add_generation_prompt=True`). That needs `jinja2`, an optional dependency (the `hf`
+extra); the EPP then sees other token ids unless it renders the same way.
 """
 
 from __future__ import annotations

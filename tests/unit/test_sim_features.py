@@ -401,7 +401,6 @@ async def test_tiny_preset_and_hf_tokenizer(http: aiohttp.ClientSession, tmp_pat
 
 
 def test_jinja_chat_template(tmp_path: Any) -> None:
-    pytest.importorskip("jinja2")
     from epp.sim.chat import load_renderer
 
     (tmp_path / "tokenizer_config.json").write_text(
