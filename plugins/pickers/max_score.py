@@ -7,21 +7,13 @@ and draws among the tied endpoints, which is the same distribution in one pass.
 from __future__ import annotations
 
 from epp.request import InferenceRequest
-from epp.scheduling.interfaces import Plugin
-from epp.scheduling.registry import Handle, register
+from epp.scheduling.registry import register
 from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
-from plugins.pickers.common import PickerParams
+from plugins.pickers.common import BasePicker
 
 
 @register("max-score-picker")
-class MaxScorePicker(Plugin):
-    Params = PickerParams
-
-    def __init__(self, name: str, params: PickerParams, handle: Handle) -> None:
-        super().__init__(name)
-        self.k = params.max_num_of_endpoints
-        self.rng = handle.rng
-
+class MaxScorePicker(BasePicker):
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
     ) -> ProfileResult:

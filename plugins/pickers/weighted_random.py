@@ -8,21 +8,13 @@ the pick is uniform.
 from __future__ import annotations
 
 from epp.request import InferenceRequest
-from epp.scheduling.interfaces import Plugin
-from epp.scheduling.registry import Handle, register
+from epp.scheduling.registry import register
 from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
-from plugins.pickers.common import PickerParams
+from plugins.pickers.common import BasePicker
 
 
 @register("weighted-random-picker")
-class WeightedRandomPicker(Plugin):
-    Params = PickerParams
-
-    def __init__(self, name: str, params: PickerParams, handle: Handle) -> None:
-        super().__init__(name)
-        self.k = params.max_num_of_endpoints
-        self.rng = handle.rng
-
+class WeightedRandomPicker(BasePicker):
     def pick(
         self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
     ) -> ProfileResult:

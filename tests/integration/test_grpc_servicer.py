@@ -62,6 +62,24 @@ async def epp():
     await health.stop(None)
 
 
+def open_stream(stub):
+    """A stream fed message by message from a queue, so a test can stop mid-request."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def feed():
+        while (item := await queue.get()) is not None:
+            yield item
+
+    return queue, stub.Process(feed())
+
+
+async def wait_until(cond, tries: int = 200) -> None:
+    for _ in range(tries):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+
+
 async def run_stream(stub, messages):
     call = stub.Process(iter(messages))
     return [r async for r in call]
@@ -104,54 +122,31 @@ async def test_whole_stream_in_each_body_mode(epp, mode, n_chunks):
 
 async def test_stream_cancelled_mid_body_leaks_nothing(epp):
     ds, servicer, stub, _, _ = epp
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def feed():
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            yield item
-
-    call = stub.Process(feed())
+    queue, call = open_stream(stub)
     await queue.put(headers(MODES.FULL_DUPLEX_STREAMED))
     await queue.put(chunks(BODY, 4)[0])
-    for _ in range(100):
-        if servicer.open_streams == 1:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: servicer.open_streams == 1)
     assert servicer.open_streams == 1
     call.cancel()
-    for _ in range(200):
-        if servicer.open_streams == 0:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: servicer.open_streams == 0)
     assert servicer.open_streams == 0
     assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())
 
 
 async def test_stream_cancelled_after_routing_releases_inflight(epp):
     ds, servicer, stub, _, _ = epp
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def feed():
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            yield item
-
-    call = stub.Process(feed())
+    queue, call = open_stream(stub)
     await queue.put(headers(MODES.FULL_DUPLEX_STREAMED))
     await queue.put(chunks(BODY, 1)[0])
     first = await call.read()
     assert first.HasField("request_headers")
     assert sum(ds.inflight(e.name)[0] for e in ds.endpoints()) == 1  # held while in flight
     call.cancel()
-    for _ in range(200):
-        if servicer.open_streams == 0 and sum(ds.inflight(e.name)[0] for e in ds.endpoints()) == 0:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(
+        lambda: (
+            servicer.open_streams == 0 and sum(ds.inflight(e.name)[0] for e in ds.endpoints()) == 0
+        )
+    )
     assert servicer.open_streams == 0
     assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())
 
