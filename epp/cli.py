@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("epp.demo", "start simulators, the EPP and Envoy, send traffic, print a table"),
     "plugins": ("epp.plugin_list", "list plugin types, their aliases and parameters"),
     "sidecar": ("epp.sidecar.cli", "P/D sidecar of a decode server: remote prefill, then decode"),
+    "bench": ("epp.bench_cli", "run a benchmark from bench/ (routing)"),
 }
 
 

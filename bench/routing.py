@@ -1,0 +1,544 @@
+"""Routing on a shared-prefix workload: Envoy alone, the EPP's scorers, vllm-router.
+
+A scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
+`benchmarking/73-capacity`): groups of users share a long system prompt, each asks one of
+a few questions; Poisson arrivals whose rate rises in stages; the groups' prefixes fill
+about 6x one server's KV cache (~75 % of the pool's), so a router that spreads a group
+over the pool keeps re-prefilling it while one that keeps each group on one server hits.
+
+Every setup gets a fresh pool: ONE `epp sim --replicas 8` process with the calibrated
+`llama-3.1-8b-h100` preset (KV cache shrunk by `--kv-tokens`, see below) and the same
+seeded request sequence, sent through:
+
+- `rr` / `lr`: a real Envoy alone, ROUND_ROBIN / LEAST_REQUEST (`render_direct`);
+- `epp-load`: Envoy + `epp serve`, queue-scorer + kv-cache-utilization-scorer (weights
+  1/1, llm-d's "load" configuration);
+- `epp-approx`: Envoy + `epp serve --config config/prefix-aware.yaml`;
+- `epp-precise`: Envoy + `epp serve` with config/precise-prefix.yaml's scorers, the
+  producer bound on a free port that every simulator publishes its KV events to;
+- `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
+  `--router` gives its binary) with `--policy cache_aware` / `--policy power_of_two`,
+  over the same 8 URLs (no Envoy: it is a proxy itself).
+
+Time scale: the simulator runs `--time-scale S` times faster than real time. On a 2-core
+machine the limit is the CPU that Envoy, the EPP, the simulator and this client spend per
+prompt token, not the model: an 8B model on an H100 prefills ~22k tokens/s per server,
+more than this machine can push through a real proxy stack for 8 servers. So S < 1 (the
+model runs slower than real time) lets a real rate the machine sustains saturate the
+pool. Every time and rate reported is in MODEL time: times = measured x S, rates =
+real rate / S, tokens/s = real tokens/s / S; the proxies' own CPU time is scaled by S
+too, which makes it small.
+
+    .venv/bin/epp bench routing                      # all setups, default stages
+    .venv/bin/epp bench routing --setups rr,epp-precise --rates 20,60 --stage-s 10
+
+Per stage (requests are assigned to the stage they arrive in): output tokens/s (tokens
+received during the stage), TTFT p50/p90/p99 (first SSE chunk), prefix-cache hit rate
+(sum over the servers of the deltas of `vllm:prefix_cache_hits_total` /
+`vllm:prefix_cache_queries_total` over the stage), mean waiting queue (per-server
+`vllm:num_requests_waiting` sampled every 0.25 s, averaged over samples and servers),
+errors (non-200, no token, or timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from epp.envoy import EnvoyOptions, render_direct, start_envoy
+from epp.procs import HttpReady, LogReady, ProcessGroup, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+EPP_CMD = [sys.executable, "-m", "epp.cli"]
+_WORDS = [f"{a}{b}{c}" for a in "bcdfgklmnprst" for b in "aeiou" for c in "bdgklmnprst"]
+SETUPS = ["rr", "lr", "epp-load", "epp-approx", "epp-precise", "vr-cache", "vr-p2"]
+LABELS = {
+    "rr": "(a) Envoy round-robin",
+    "lr": "(b) Envoy least-request",
+    "epp-load": "(c) EPP load (queue+kv)",
+    "epp-approx": "(d) EPP approx prefix",
+    "epp-precise": "(e) EPP precise prefix",
+    "vr-cache": "(f) vllm-router cache_aware",
+    "vr-p2": "(f) vllm-router power_of_two",
+}
+LOAD_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+"""
+METRIC_RE = re.compile(
+    r"^(vllm:prefix_cache_hits_total|vllm:prefix_cache_queries_total|"
+    r"vllm:num_requests_waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)",
+    re.MULTILINE,
+)
+
+
+# ---------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Req:
+    at: float  # real seconds after the start
+    stage: int  # -1 = warm-up
+    prompt: str
+
+
+def words(rng: random.Random, n: int) -> str:
+    """n three-letter words: one token each for the simulator's tokenizer and 4 characters
+    each (upstream's approximate estimate) for the EPP's character blocks."""
+    return " ".join(rng.choice(_WORDS) for _ in range(n))
+
+
+def workload(args: argparse.Namespace) -> list[Req]:
+    rng = random.Random(args.seed)
+    systems = [f"g{g:04d} " + words(rng, args.system_tokens - 1) for g in range(args.groups)]
+    questions = [
+        [f"q{q:02d} " + words(rng, args.question_tokens - 1) for q in range(args.questions)]
+        for _ in range(args.groups)
+    ]
+    reqs, t = [], 0.0
+    stages = [(-1, args.rates[0], args.warmup_s)] + [
+        (k, rate, args.stage_s) for k, rate in enumerate(args.rates)
+    ]
+    for k, rate, length in stages:
+        end = t + length
+        real_rate = rate * args.time_scale
+        while True:
+            t += rng.expovariate(real_rate)
+            if t >= end:
+                t = end
+                break
+            g = rng.randrange(args.groups)
+            q = rng.randrange(args.questions)
+            reqs.append(Req(t, k, systems[g] + " " + questions[g][q]))
+    return reqs
+
+
+def stage_bounds(args: argparse.Namespace) -> list[tuple[float, float]]:
+    """Real [start, end) of each measured stage (after the warm-up)."""
+    t = args.warmup_s
+    bounds = []
+    for _ in args.rates:
+        bounds.append((t, t + args.stage_s))
+        t += args.stage_s
+    return bounds
+
+
+# ---------------------------------------------------------------- client
+
+
+@dataclass
+class Result:
+    stage: int
+    ok: bool
+    ttft: float | None = None
+    tokens: int = 0
+
+
+@dataclass
+class Run:
+    setup: str
+    results: list[Result] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # real arrival of every token
+    metric_samples: list[tuple[float, dict[str, list[float]]]] = field(default_factory=list)
+
+
+async def one(
+    http: aiohttp.ClientSession, url: str, model: str, req: Req, out: int, t0: float, run: Run
+) -> Result:
+    body = {"model": model, "prompt": req.prompt, "max_tokens": out, "stream": True}
+    res = Result(req.stage, ok=False)
+    start = time.perf_counter()
+    try:
+        async with http.post(url + "/v1/completions", json=body) as r:
+            if r.status != 200:
+                await r.read()
+                return res
+            async for line in r.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                now = time.perf_counter()
+                if res.ttft is None:
+                    res.ttft = now - start
+                res.tokens += 1
+                run.token_times.append(now - t0)
+        res.ok = res.ttft is not None
+    except (TimeoutError, aiohttp.ClientError):
+        pass
+    return res
+
+
+async def scrape(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, list[float]]:
+    async def get(u: str) -> dict[str, float]:
+        try:
+            async with http.get(u + "/metrics") as r:
+                text = await r.text()
+        except (TimeoutError, aiohttp.ClientError):
+            return {}
+        values: dict[str, float] = {}
+        for name, value in METRIC_RE.findall(text):
+            values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+    per = await asyncio.gather(*(get(u) for u in urls))
+    names = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    names += ("vllm:num_requests_waiting",)
+    return {n: [p.get(n, float("nan")) for p in per] for n in names}
+
+
+async def drive(
+    setup: str, url: str, sim_urls: list[str], reqs: list[Req], args: argparse.Namespace
+) -> Run:
+    run = Run(setup)
+    timeout = aiohttp.ClientTimeout(total=args.timeout_s)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as http,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as mhttp,
+    ):
+        t0 = time.perf_counter()
+        end = reqs[-1].at if reqs else 0.0
+        done = asyncio.Event()
+
+        async def sampler() -> None:
+            while not done.is_set():
+                run.metric_samples.append((time.perf_counter() - t0, await scrape(mhttp, sim_urls)))
+                await asyncio.sleep(args.sample_s)
+
+        async def fire(req: Req) -> Result:
+            await asyncio.sleep(max(0.0, t0 + req.at - time.perf_counter()))
+            return await one(http, url, args.model, req, args.output_tokens, t0, run)
+
+        sampling = asyncio.ensure_future(sampler())
+        tasks = [asyncio.ensure_future(fire(r)) for r in reqs]
+        await asyncio.sleep(max(0.0, t0 + end + args.sample_s - time.perf_counter()))
+        run.metric_samples.append((time.perf_counter() - t0, await scrape(mhttp, sim_urls)))
+        run.results = list(await asyncio.gather(*tasks))
+        done.set()
+        await sampling
+    return run
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def counter_at(run: Run, t: float, name: str) -> float | None:
+    """The summed counter at the last sample taken at or before real time t."""
+    best = None
+    for ts, values in run.metric_samples:
+        if ts <= t + 1e-6:
+            best = sum(values[name])
+    return best
+
+
+def summarize(run: Run, args: argparse.Namespace) -> list[dict]:
+    s = args.time_scale
+    rows = []
+    for k, (a, b) in enumerate(stage_bounds(args)):
+        res = [r for r in run.results if r.stage == k]
+        ok = [r for r in res if r.ok]
+        ttft = [r.ttft * s for r in ok if r.ttft is not None]
+        tokens = sum(a <= t < b for t in run.token_times)
+        h0, h1 = (counter_at(run, x, "vllm:prefix_cache_hits_total") for x in (a, b))
+        q0, q1 = (counter_at(run, x, "vllm:prefix_cache_queries_total") for x in (a, b))
+        hit = None
+        if None not in (h0, h1, q0, q1) and q1 - q0 > 0:  # type: ignore[operator]
+            hit = (h1 - h0) / (q1 - q0)  # type: ignore[operator]
+        waits = [
+            w
+            for ts, values in run.metric_samples
+            if a <= ts < b
+            for w in values["vllm:num_requests_waiting"]
+            if w == w
+        ]
+        rows.append(
+            {
+                "setup": run.setup,
+                "rate": args.rates[k],
+                "offered": len(res) / (args.stage_s * s),
+                "requests": len(res),
+                "tok_s": tokens / ((b - a) * s),
+                "ttft_p50": pct(ttft, 0.5),
+                "ttft_p90": pct(ttft, 0.9),
+                "ttft_p99": pct(ttft, 0.99),
+                "hit_rate": hit,
+                "waiting": sum(waits) / len(waits) if waits else None,
+                "errors": len(res) - len(ok),
+            }
+        )
+    return rows
+
+
+def fmt_s(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def tables(rows: list[dict], rates: list[float]) -> str:
+    out = []
+    for rate in rates:
+        out += [
+            f"\n**{rate:g} req/s** (model time)\n",
+            "| setup | offered req/s | output tok/s | TTFT p50 | TTFT p90 | TTFT p99 "
+            "| prefix hit rate | mean waiting | errors |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            if r["rate"] != rate:
+                continue
+            hit = "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.1f} %"
+            wait = "-" if r["waiting"] is None else f"{r['waiting']:.2f}"
+            out.append(
+                f"| {LABELS.get(r['setup'], r['setup'])} | {r['offered']:.1f} | "
+                f"{r['tok_s']:.0f} | {fmt_s(r['ttft_p50'])} | {fmt_s(r['ttft_p90'])} | "
+                f"{fmt_s(r['ttft_p99'])} | {hit} | {wait} | {r['errors']} |"
+            )
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for setup in dict.fromkeys(r["setup"] for r in rows):
+        pts = [(r["rate"], r["ttft_p90"]) for r in rows if r["setup"] == setup and r["ttft_p90"]]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=LABELS.get(setup, setup))
+    ax.set_yscale("log")
+    ax.set_xlabel("request rate (req/s, model time)")
+    ax.set_ylabel("TTFT p90 (s, model time)")
+    ax.set_title(
+        f"Shared prefix: {args.groups} groups x {args.system_tokens}-token system prompt, "
+        f"8 x sim 8B/H100",
+        fontsize=9,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------- setups
+
+
+def free_range(n: int) -> int:
+    """A base port p with p..p+n-1 all free a moment ago (for `epp sim --replicas n`)."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - n)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def start_sims(pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None) -> list[str]:
+    base = free_range(args.servers)
+    argv = [*EPP_CMD, "sim", "--replicas", str(args.servers), "--port", str(base)]
+    argv += ["--preset", args.preset, "--time-scale", str(args.time_scale)]
+    argv += ["--kv-capacity-tokens", str(args.kv_tokens), "--max-model-len", str(args.kv_tokens)]
+    argv += ["--name-prefix", "sim"]
+    if kv_port is not None:
+        cfg = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://127.0.0.1:{kv_port}",
+        }
+        argv += ["--kv-events-config", json.dumps(cfg)]
+    urls = [f"http://127.0.0.1:{base + i}" for i in range(args.servers)]
+    pg.start("sims", argv, ready=HttpReady(urls[-1] + "/health"), timeout=90)
+    return urls
+
+
+def start_epp(pg: ProcessGroup, urls: list[str], config: Path) -> str:
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
+    argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port)]
+    argv += [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
+    argv += ["--config", str(config)]
+    pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+    envoy = start_envoy(
+        pg,
+        EnvoyOptions(
+            listener_port=free_port(),
+            admin_port=free_port(),
+            epp_grpc_port=grpc_port,
+            epp_health_port=health_port,
+            listen_address="127.0.0.1",
+        ),
+        timeout=60,
+    )
+    return envoy.url
+
+
+def precise_config(path: Path, kv_port: int, block_size: int) -> None:
+    text = (ROOT / "config" / "precise-prefix.yaml").read_text()
+    text = text.replace("endpoint: tcp://*:5557", f"endpoint: tcp://127.0.0.1:{kv_port}")
+    text = re.sub(r"blockSizeTokens: \d+", f"blockSizeTokens: {block_size}", text)
+    assert f"tcp://127.0.0.1:{kv_port}" in text
+    path.write_text(text)
+
+
+def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Path):
+    kv_port = free_port() if setup == "epp-precise" else None
+    urls = start_sims(pg, args, kv_port)
+    if setup in ("rr", "lr"):
+        options = EnvoyOptions(
+            listener_port=free_port(), admin_port=free_port(), listen_address="127.0.0.1"
+        )
+        policy = "ROUND_ROBIN" if setup == "rr" else "LEAST_REQUEST"
+        hosts = [("127.0.0.1", int(u.rsplit(":", 1)[1])) for u in urls]
+        config = render_direct(options, hosts, policy)
+        return start_envoy(pg, options, config=config, timeout=60).url, urls
+    if setup.startswith("epp-"):
+        if setup == "epp-load":
+            config = tmp / "load.yaml"
+            config.write_text(LOAD_CONFIG)
+        elif setup == "epp-approx":
+            config = ROOT / "config" / "prefix-aware.yaml"
+        else:
+            assert kv_port is not None
+            config = tmp / "precise.yaml"
+            precise_config(config, kv_port, 16)  # the 8B preset's block size
+        return start_epp(pg, urls, config), urls
+    policy = {"vr-cache": "cache_aware", "vr-p2": "power_of_two"}[setup]
+    port = free_port()
+    argv = [args.router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
+    argv += ["--prometheus-port", str(free_port()), "--worker-urls", *urls]
+    argv += ["--request-timeout-secs", str(int(args.timeout_s) + 10), "--disable-retries"]
+    url = f"http://127.0.0.1:{port}"
+    pg.start(f"vllm-router-{policy}", argv, ready=HttpReady(url + "/health"), timeout=90)
+    return url, urls
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="epp bench routing", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return finish_args(p, p.parse_args(argv))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma list of {SETUPS}")
+    p.add_argument("--rates", default="25,50,75,100", help="stage rates, model req/s")
+    p.add_argument("--stage-s", type=float, default=15.0, help="REAL seconds per stage (15)")
+    p.add_argument("--warmup-s", type=float, default=8.0, help="REAL seconds of warm-up (8)")
+    p.add_argument("--time-scale", type=float, default=0.25, help="simulator --time-scale")
+    p.add_argument("--groups", type=int, default=48)
+    p.add_argument("--questions", type=int, default=5, help="questions per group (5)")
+    p.add_argument("--system-tokens", type=int, default=2000)
+    p.add_argument("--question-tokens", type=int, default=200)
+    p.add_argument("--output-tokens", type=int, default=50)
+    p.add_argument("--servers", type=int, default=8)
+    p.add_argument("--preset", default="llama-3.1-8b-h100")
+    p.add_argument(
+        "--kv-tokens", type=int, default=16384, help="KV cache per server, tokens (16384)"
+    )
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--timeout-s", type=float, default=60.0, help="REAL client timeout")
+    p.add_argument("--sample-s", type=float, default=0.25, help="REAL metrics sampling period")
+    p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
+    p.add_argument("--json", help="write the summaries here")
+    p.add_argument("--plot", help="write the TTFT p90 plot (PNG) here")
+
+
+def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    args.rates = [float(r) for r in str(args.rates).split(",")]
+    args.setups = [s for s in str(args.setups).split(",") if s]
+    bad = [s for s in args.setups if s not in SETUPS]
+    if bad:
+        p.error(f"unknown setups {bad}; known: {SETUPS}")
+    return args
+
+
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    args = args or parse_args(argv)
+    reqs = workload(args)
+    sys.stderr.write(
+        f"{len(reqs)} requests per setup ({sum(r.stage >= 0 for r in reqs)} measured); "
+        f"prefixes {args.groups * args.system_tokens} tokens vs "
+        f"{args.servers} x {args.kv_tokens} KV tokens\n"
+    )
+    rows: list[dict] = []
+    skipped: dict[str, str] = {}
+    for setup in args.setups:
+        if setup.startswith("vr-") and not shutil.which(args.router):
+            skipped[setup] = f"{args.router} not found"
+            continue
+        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {setup} ...\n")
+        with tempfile.TemporaryDirectory() as tmp, ProcessGroup() as pg:
+            try:
+                url, sim_urls = start_setup(pg, setup, args, Path(tmp))
+            except Exception as e:  # report it and go on with the other setups
+                skipped[setup] = f"{type(e).__name__}: {str(e)[:300]}"
+                sys.stderr.write(f"  {setup} did not start: {skipped[setup]}\n")
+                continue
+            run = asyncio.run(drive(setup, url, sim_urls, reqs, args))
+        rows += summarize(run, args)
+        for r in rows[-len(args.rates) :]:
+            sys.stderr.write(
+                f"  {r['rate']:g}: ttft p90 {fmt_s(r['ttft_p90'])} tok/s {r['tok_s']:.0f} "
+                f"hit {r['hit_rate']} wait {r['waiting']} err {r['errors']}\n"
+            )
+    print(
+        f"shared prefix: {args.groups} groups x {args.questions} questions, system "
+        f"{args.system_tokens} + question {args.question_tokens} tokens, output "
+        f"{args.output_tokens}; {args.servers} x {args.preset}, KV {args.kv_tokens} "
+        f"tokens each, time scale {args.time_scale:g}; stages {args.stage_s:g} s real"
+    )
+    print(tables(rows, args.rates))
+    for setup, why in skipped.items():
+        print(f"\nskipped {setup}: {why}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
+    if args.plot and rows:
+        plot(rows, args.plot, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
