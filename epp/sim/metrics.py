@@ -304,6 +304,11 @@ def cache_config_labels(config: SimConfig) -> dict[str, str]:
         "kv_cache_size_tokens": tokens,
         "kv_cache_max_concurrency": round(tokens / config.model_len, 2),
         "_block_size_resolved": True,
+        # Seen on a live vLLM 0.32 server (make test-vllm), not in older releases.
+        "hash_block_size": config.block_size,
+        "cache_hit_alignment_tokens": None,
+        "enable_mamba_shared_prefix_checkpoint": False,
+        "swa_bounded_replay": False,
     }
     return {key: str(value) for key, value in values.items()}
 
