@@ -58,7 +58,8 @@ from pathlib import Path
 import aiohttp
 
 from epp.envoy import EnvoyOptions, render_direct, start_envoy
-from epp.procs import HttpReady, LogReady, ProcessGroup, free_port
+from epp.localstack import start_epp_behind_envoy
+from epp.procs import HttpReady, ProcessGroup, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
@@ -392,23 +393,8 @@ def start_sims(pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None) 
 
 
 def start_epp(pg: ProcessGroup, urls: list[str], config: Path) -> str:
-    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
-    argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port)]
-    argv += [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
-    argv += ["--config", str(config)]
-    pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
-    envoy = start_envoy(
-        pg,
-        EnvoyOptions(
-            listener_port=free_port(),
-            admin_port=free_port(),
-            epp_grpc_port=grpc_port,
-            epp_health_port=health_port,
-            listen_address="127.0.0.1",
-        ),
-        timeout=60,
-    )
+    endpoints = [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
+    envoy, _ = start_epp_behind_envoy(pg, [*endpoints, "--config", str(config)])
     return envoy.url
 
 

@@ -20,6 +20,36 @@ EPP_CMD = [sys.executable, "-m", "epp.cli"]
 PD_CONFIG = Path(__file__).resolve().parents[1] / "config" / "pd-disagg.yaml"
 
 
+def start_epp_behind_envoy(
+    pg: ProcessGroup,
+    epp_args: Sequence[str],
+    request_body_mode: str = "FULL_DUPLEX_STREAMED",
+) -> tuple[RunningEnvoy, int]:
+    """`epp serve` (with `epp_args`: endpoints, config) and a real Envoy in front of it,
+    on free loopback ports; returns Envoy and the EPP's metrics port.
+
+    The one way the demo, the e2e tests and the benchmarks put the EPP in front of any
+    set of model servers (simulators or real vLLM).
+    """
+    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
+    argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port), *epp_args]
+    pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+    envoy = start_envoy(
+        pg,
+        EnvoyOptions(
+            listener_port=free_port(),
+            admin_port=free_port(),
+            epp_grpc_port=grpc_port,
+            epp_health_port=health_port,
+            listen_address="127.0.0.1",
+            request_body_mode=request_body_mode,
+        ),
+        timeout=60,
+    )
+    return envoy, metrics_port
+
+
 @dataclass
 class SimProcess:
     name: str
@@ -83,33 +113,8 @@ class LocalStack:
                     self._start_sim(sim)
                     self.sims.append(sim)
                 endpoint_args = [f"--endpoint={s.name}={s.hostport}" for s in self.sims]
-            grpc_port, health_port, self.epp_metrics_port = free_port(), free_port(), free_port()
-            argv = [
-                *EPP_CMD,
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--grpc-port",
-                str(grpc_port),
-                "--health-port",
-                str(health_port),
-                "--metrics-port",
-                str(self.epp_metrics_port),
-                *endpoint_args,
-                *self.epp_args,
-            ]
-            self.pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
-            self.envoy = start_envoy(
-                self.pg,
-                EnvoyOptions(
-                    listener_port=free_port(),
-                    admin_port=free_port(),
-                    epp_grpc_port=grpc_port,
-                    epp_health_port=health_port,
-                    listen_address="127.0.0.1",
-                    request_body_mode=self.request_body_mode,
-                ),
-                timeout=60,
+            self.envoy, self.epp_metrics_port = start_epp_behind_envoy(
+                self.pg, [*endpoint_args, *self.epp_args], self.request_body_mode
             )
         except BaseException:
             self.stop()

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from epp.envoy import EnvoyOptions, start_envoy
-from epp.localstack import EPP_CMD
-from epp.procs import LogReady, ProcessGroup, free_port
+from epp.localstack import start_epp_behind_envoy
+from epp.procs import ProcessGroup
 from tests.real_vllm.conftest import LORA_NAME, MODEL_NAME
 from tests.real_vllm.helpers import TIMEOUT, get_text, post, value, wait_for
 
@@ -27,26 +26,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(vllm_pool):
     with ProcessGroup() as pg:
-        grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
-        argv = [
-            *EPP_CMD, "serve", "--host", "127.0.0.1",
-            "--grpc-port", str(grpc_port),
-            "--health-port", str(health_port),
-            "--metrics-port", str(metrics_port),
-            *[f"--endpoint={s.name}={s.hostport}" for s in vllm_pool.servers],
-        ]  # fmt: skip
-        pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
-        envoy = start_envoy(
-            pg,
-            EnvoyOptions(
-                listener_port=free_port(),
-                admin_port=free_port(),
-                epp_grpc_port=grpc_port,
-                epp_health_port=health_port,
-                listen_address="127.0.0.1",
-            ),
-            timeout=60,
-        )
+        endpoints = [f"--endpoint={s.name}={s.hostport}" for s in vllm_pool.servers]
+        envoy, metrics_port = start_epp_behind_envoy(pg, endpoints)
         yield Stack(envoy.url, f"http://127.0.0.1:{metrics_port}")
 
 
