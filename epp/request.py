@@ -62,6 +62,11 @@ class InferenceRequest:
     model: str = ""
     target_model: str = ""
     prompt_text: str = ""
+    # The prompt as token ids when the client sent ids (/v1/completions accepts them):
+    # the exact tokens the server caches, so prefix hashing uses them, not text. A batch
+    # of several token-id prompts gives [] (no single prefix to route on).
+    prompt_token_ids: list[int] | None = None
+    prompt_token_count: int = 0
     max_tokens: int | None = None
     stream: bool = False
     objective: str | None = None
@@ -70,7 +75,10 @@ class InferenceRequest:
 
     @property
     def prompt_tokens_estimate(self) -> int:
-        """Prompt length in tokens, estimated as characters / 4 (upstream's rule)."""
+        """Prompt length in tokens: exact for token-id prompts, else characters / 4
+        (upstream's rule)."""
+        if self.prompt_token_count:
+            return self.prompt_token_count
         return max(1, len(self.prompt_text) // CHARS_PER_TOKEN) if self.prompt_text else 0
 
     @property
@@ -133,7 +141,10 @@ def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
     req.max_tokens = _max_tokens(body)
     salt = body.get("cache_salt")
     req.cache_salt = salt if isinstance(salt, str) and salt else None
-    req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
+    if req.api == API_COMPLETIONS:
+        req.prompt_token_ids, req.prompt_token_count = _token_id_prompt(body)
+    if req.prompt_token_ids is None:
+        req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
     return req
 
 
@@ -169,15 +180,27 @@ def _completions_prompt(body: dict[str, Any]) -> str:
     prompt = body["prompt"]
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list):
-        if all(isinstance(p, str) for p in prompt):
-            return " ".join(prompt)
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            # Token ids: no text, but the length still estimates the load.
-            return " " * (len(prompt) * CHARS_PER_TOKEN)
-        if all(isinstance(p, list) for p in prompt):
-            return " " * (sum(len(p) for p in prompt) * CHARS_PER_TOKEN)
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return " ".join(prompt)
     raise bad_request("field 'prompt' must be a string, a list of strings, or a list of token ids")
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _token_id_prompt(body: dict[str, Any]) -> tuple[list[int] | None, int]:
+    """(ids, count) for a prompt of token ids or a batch of them; (None, 0) otherwise."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return None, 0
+    if _is_ids(prompt):
+        return prompt, len(prompt)
+    if all(_is_ids(p) for p in prompt):
+        return (prompt[0] if len(prompt) == 1 else []), sum(len(p) for p in prompt)
+    return None, 0
 
 
 def _message_text(content: Any, where: str) -> str:

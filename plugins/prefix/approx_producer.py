@@ -15,7 +15,7 @@ Blocks (GIE `approximateprefix`, reference §3.4):
   shorter than one block has no blocks (every score 0);
 - with `tokenizer` ("simple" or a tokenizer.json path): a block is `blockSizeTokens`
   token ids (packed as little-endian uint32), with the same partial-block rule; a
-  prompt sent as token ids is always hashed that way (`prompt_tokens.py`);
+  prompt sent as token ids is always hashed that way (`InferenceRequest.prompt_token_ids`);
 - `autoTune`: the block size is the first candidate's `vllm:cache_config_info`
   `block_size`, and each endpoint's LRU capacity its `num_gpu_blocks`, when reported.
 - `hashBlockSize` (upstream v1.0, deprecated): characters per block; when set it wins
@@ -39,7 +39,6 @@ from plugins.prefix.approx_index import ApproxPrefixIndex
 from plugins.prefix.hashing import chain_bytes, chain_seed, chain_tokens
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.prefix.pool_watch import PoolWatch
-from plugins.prefix.prompt_tokens import prompt_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ class ApproxPrefixCacheProducer(Plugin):
         seed = chain_seed(request.target_model or request.model, request.cache_salt)
         cap = self.max_blocks(block_tokens)
         text = request.prompt_text
-        ids = prompt_token_ids(request)
+        ids = request.prompt_token_ids
         if ids is None and self.tokenizer is not None:
             ids = self.tokenizer.encode(text)
         if ids is not None:

@@ -3,7 +3,7 @@ the servers themselves report in their KV events (llm-d's "precise" prefix scori
 
 Per request (`produce`): tokenize `prompt_text` with the configured tokenizer (the one the
 servers use: a tokenizer.json path for real models; "simple" matches `epp sim`), or take
-the prompt's token ids when the client sent ids (`prompt_tokens.py`), chain
+the prompt's token ids when the client sent ids (`InferenceRequest.prompt_token_ids`), chain
 the hashes of its full blocks with the seed rule of `precise_index.py`, and write a
 `PrefixMatchInfo`: `total_blocks` = full blocks of the prompt (a trailing partial block
 is never cached by vLLM, so it is not counted, as llm-d), `matched` = the tier-weighted
@@ -42,7 +42,6 @@ from plugins.prefix.hashing import chain_seed, chain_tokens
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.prefix.pool_watch import PoolWatch
 from plugins.prefix.precise_index import PreciseIndex
-from plugins.prefix.prompt_tokens import prompt_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ class PrecisePrefixCacheProducer(Plugin):
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> None:
-        ids = prompt_token_ids(request)
+        ids = request.prompt_token_ids
         if ids is None:
             ids = self.tokenizer.encode(request.prompt_text)
         seed = chain_seed(request.target_model or request.model, request.cache_salt)

@@ -41,6 +41,11 @@ def test_completion_with_string_prompt():
 def test_completion_with_list_prompt_and_token_ids():
     assert parse({"model": "m", "prompt": ["a", "b"]}).prompt_text == "a b"
     assert parse({"model": "m", "prompt": [1, 2, 3]}).prompt_tokens_estimate == 3
+    ids = parse({"model": "m", "prompt": [1, 2, 3]})
+    assert (ids.prompt_token_ids, ids.prompt_text) == ([1, 2, 3], "")
+    batch = parse({"model": "m", "prompt": [[1, 2], [3]]})
+    assert (batch.prompt_token_ids, batch.prompt_tokens_estimate) == ([], 3)
+    assert parse({"model": "m", "prompt": "text"}).prompt_token_ids is None
 
 
 def test_chat_with_string_and_content_parts():
