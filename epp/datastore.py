@@ -8,6 +8,7 @@ No I/O happens here: the datalayer fills it, the ext_proc side reads and counts.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -95,6 +96,25 @@ class _EndpointState:
     healthy_until: float = 0.0
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class _Listener:
+    fn: Callable[[], None]
+    loop: asyncio.AbstractEventLoop | None
+
+    def notify(self) -> None:
+        if self.loop is None or self.loop is _running_loop():
+            self.fn()
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.fn)
+
+
 class Datastore:
     """Endpoints keyed by name; health is derived from scrape success and age.
 
@@ -114,7 +134,7 @@ class Datastore:
         self.staleness = staleness
         self.clock = clock
         self.require_metrics = require_metrics
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[_Listener] = []
 
     # ---- membership -------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
@@ -128,13 +148,19 @@ class Datastore:
                 new[ep.name] = _EndpointState(endpoint=ep)
         self._states = new
         self._by_hostport = {s.endpoint.hostport: name for name, s in new.items()}
-        for fn in self._listeners:
-            fn()
+        for listener in list(self._listeners):
+            listener.notify()
 
     def on_change(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """Call `fn` after every membership change; returns a function that unsubscribes."""
-        self._listeners.append(fn)
-        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
+        """Call `fn` after every membership change; returns a function that unsubscribes.
+
+        A listener that subscribed inside an event loop is always called on that loop's
+        thread: a change made from another thread is handed to the loop, so listeners
+        (scraper, KV-event subscriber, prefix indexes) never race a scheduling cycle.
+        """
+        listener = _Listener(fn, _running_loop())
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     def endpoints(self) -> list[Endpoint]:
         return [s.endpoint for s in self._states.values()]

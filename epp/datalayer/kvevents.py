@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -326,7 +325,6 @@ class KVEventSubscriber:
         self._conns: dict[str, tuple[str, zmq.asyncio.Socket, asyncio.Task[None]]] = {}
         self._dying: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._running = False
 
@@ -335,7 +333,6 @@ class KVEventSubscriber:
         if self._running:
             return
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         self._ctx = zmq.asyncio.Context()
         self._running = True
         self._unsubscribe = self.on_pool_change(self._pool_changed)
@@ -450,12 +447,9 @@ class KVEventSubscriber:
 
     # ---- following the pool -----------------------------------------------
     def _pool_changed(self) -> None:
-        if not self._running or self._loop is None:
-            return
-        if threading.get_ident() == self._loop_thread:
+        # Called on our loop: the datastore hands cross-thread changes to it.
+        if self._running and self._loop is not None:
             self._resync()
-        else:
-            self._loop.call_soon_threadsafe(self._resync)
 
     def _resync(self) -> None:
         self._refresh_pods()

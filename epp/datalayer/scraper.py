@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
@@ -156,7 +155,6 @@ class MetricsScraper:
         self._dying: set[asyncio.Task[None]] = set()
         self._failing: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._running = False
         self._subscribed = False
         cfg = self.config
@@ -170,7 +168,6 @@ class MetricsScraper:
         if self._running:
             return
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
@@ -224,12 +221,8 @@ class MetricsScraper:
 
     # ---- following the pool -----------------------------------------------
     def _on_change(self) -> None:
-        if not self._running or self._loop is None:
-            return
-        if threading.get_ident() == self._loop_thread:
-            self._sync()
-        else:
-            self._loop.call_soon_threadsafe(self._sync)
+        # The datastore calls this on our loop (it subscribed from there).
+        self._sync()
 
     def _sync(self) -> None:
         """Make the set of tasks match the datastore's endpoints."""

@@ -63,3 +63,25 @@ def test_set_endpoints_keeps_state_of_known_endpoints():
     assert ds.by_hostport("10.0.0.3:80").name == "c"
     ds.set_endpoints([Endpoint("c", "10.0.0.3", 80)])
     assert ds.get("a") is None and ds.inflight("a") == (0, 0)
+
+
+async def test_listener_subscribed_in_a_loop_is_called_on_that_loop_thread():
+    import asyncio
+    import threading
+
+    ds = Datastore(require_metrics=False)
+    called_on: list[int] = []
+    done = asyncio.Event()
+
+    def listener() -> None:
+        called_on.append(threading.get_ident())
+        done.set()
+
+    unsubscribe = ds.on_change(listener)
+    await asyncio.to_thread(ds.set_endpoints, [Endpoint("a", "10.0.0.1", 80)])
+    await asyncio.wait_for(done.wait(), 5)
+    assert called_on == [threading.get_ident()]
+    unsubscribe()
+    ds.set_endpoints([])
+    await asyncio.sleep(0)
+    assert len(called_on) == 1
