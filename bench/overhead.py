@@ -3,10 +3,11 @@
 One run starts everything once, in one ProcessGroup, and measures the three configurations
 interleaved (the order rotates every repeat, so drift hits all three alike):
 
-  (a) direct   Envoy only. The bootstrap is `epp.envoy.render()` with the ext_proc http filter
-               and its cluster removed; the route adds x-gateway-destination-endpoint itself
-               (request_headers_to_add), so the same ORIGINAL_DST cluster as in (b) and (c)
-               sends every request to replica 0.
+  (a) direct   Envoy only. The bootstrap is `epp.harness.envoy.render()` with the ext_proc
+               http filter and its cluster removed; the route adds
+               x-gateway-destination-endpoint itself (request_headers_to_add), so the
+               same ORIGINAL_DST cluster as in (b) and (c) sends every request to
+               replica 0.
   (b) minimal  Envoy + bench/minimal_extproc.py (FULL_DUPLEX_STREAMED, fixed to replica 0):
                the price of the ext_proc protocol itself in a Python gRPC server.
   (c) epp      Envoy + `epp serve`, default profile, over all 8 replicas, each scraped every
@@ -55,8 +56,8 @@ from typing import Any
 
 import aiohttp
 
-from epp import envoy
-from epp.procs import LogReady, ProcessGroup, free_port
+from epp.harness import envoy
+from epp.harness.procs import LogReady, ProcessGroup, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICAS = 8

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from epp.localstack import LocalStack, PDLayout
+from epp.harness.localstack import LocalStack, PDLayout
 
 # The simulator's calibrated Llama 3.1 8B on one H100 (epp/sim/presets.py: step times
 # fitted to vLLM's published benchmarks; 8,192-token chunked prefill; KV transfer at

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import time
 
-from epp.config.params import parse_params
 from epp.datalayer.kvevents import BlockStored
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.request import new_request, parse_body
+from epp.scheduling.params import parse_params
 from epp.scheduling.registry import Handle, lookup
 from epp.scheduling.types import CycleState
 

@@ -57,9 +57,9 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.envoy import EnvoyOptions, render_direct, start_envoy
-from epp.localstack import start_epp_behind_envoy
-from epp.procs import HttpReady, ProcessGroup, free_port
+from epp.harness.envoy import EnvoyOptions, render_direct, start_envoy
+from epp.harness.localstack import start_epp_behind_envoy
+from epp.harness.procs import HttpReady, ProcessGroup, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EPP_CMD = [sys.executable, "-m", "epp.cli"]

@@ -15,10 +15,13 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("epp.serve", "run the endpoint picker (Envoy ext_proc gRPC server)"),
     "sim": ("epp.sim.cli", "run vLLM-compatible model-server simulators"),
-    "demo": ("epp.demo", "start simulators, the EPP and Envoy, send traffic, print a table"),
+    "demo": (
+        "epp.harness.demo",
+        "start simulators, the EPP and Envoy, send traffic, print a table",
+    ),
     "plugins": ("epp.plugin_list", "list plugin types, their aliases and parameters"),
     "sidecar": ("epp.sidecar.cli", "P/D sidecar of a decode server: remote prefill, then decode"),
-    "bench": ("epp.bench_cli", "run a benchmark from bench/ (routing)"),
+    "bench": ("epp.harness.bench_cli", "run a benchmark from bench/ (routing)"),
 }
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from epp.config.params import describe
 from epp.scheduling import registry
+from epp.scheduling.params import describe
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,7 +41,7 @@ def completion(prompt: str = "hello", model: str = "m", **extra: object) -> Infe
 def plugin(type_name: str, params: object = None, seed: int = 0, name: str | None = None):
     spec = lookup(type_name)
     assert spec is not None, type_name
-    from epp.config.params import parse_params
+    from epp.scheduling.params import parse_params
 
     return spec.build(
         name or type_name, parse_params(spec.params, params), Handle(rng=random.Random(seed))

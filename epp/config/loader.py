@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 
 from epp.config.errors import ConfigError
-from epp.config.params import parse_params
 from epp.scheduling import registry
 from epp.scheduling.interfaces import (
     DataProducer,
@@ -31,6 +30,7 @@ from epp.scheduling.interfaces import (
     ProfileHandler,
     Scorer,
 )
+from epp.scheduling.params import parse_params
 from epp.scheduling.profile import SchedulerProfile, WeightedScorer
 from epp.scheduling.registry import Handle
 from epp.scheduling.scheduler import Scheduler

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.config.params import NoParams
 from epp.datastore import Endpoint
 from epp.scheduling.interfaces import Plugin
+from epp.scheduling.params import NoParams
 
 
 def _no_endpoints() -> list[Endpoint]:

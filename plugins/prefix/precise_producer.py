@@ -30,11 +30,11 @@ import logging
 import re
 from dataclasses import dataclass
 
-from epp.config.params import param
 from epp.datalayer.kvevents import MODES, KVEventSubscriber
 from epp.datastore import EndpointSnapshot
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
+from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
 from plugins.prefix.approx_producer import first_targets, load_tokenizer_param

@@ -2,7 +2,7 @@
 
 import pytest
 
-from epp.localstack import LocalStack
+from epp.harness.localstack import LocalStack
 
 # Simulated servers that take ~0.1-0.2 s per request, so queues form under modest load.
 SIM_ARGS = ["--max-num-seqs", "2", "--decode-ms-per-token", "8", "--prefill-ms-per-token", "0.02"]

@@ -9,7 +9,7 @@ import uuid
 import aiohttp
 import pytest
 
-from epp.localstack import LocalStack, PDLayout
+from epp.harness.localstack import LocalStack, PDLayout
 from tests.e2e.client import send, sim_prefix
 
 pytestmark = pytest.mark.e2e

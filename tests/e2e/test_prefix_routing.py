@@ -22,8 +22,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from epp.localstack import LocalStack
-from epp.procs import free_port
+from epp.harness.localstack import LocalStack
+from epp.harness.procs import free_port
 from tests.e2e.client import Reply, send, sim_prefix
 from tests.e2e.conftest import SIM_ARGS
 

@@ -8,7 +8,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from epp.localstack import LocalStack
+from epp.harness.localstack import LocalStack
 from tests.e2e.client import burst, send, servers, sim_prefix
 from tests.e2e.conftest import SIM_ARGS
 

@@ -1,6 +1,6 @@
 """The process harness and the shipped Envoy config, proven end to end.
 
-client -> real Envoy (deploy/envoy/envoy.yaml via epp.envoy) -> bench/minimal_extproc.py
+client -> real Envoy (deploy/envoy/envoy.yaml via epp.harness.envoy) -> bench/minimal_extproc.py
 -> the upstream it names. Two echo upstreams run, so "reached the named one" is a real check.
 The ProcessGroup tests need no Envoy and run everywhere.
 """
@@ -26,7 +26,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from epp.envoy import (
+from epp.harness.envoy import (
     DESTINATION_HEADER,
     EnvoyOptions,
     RunningEnvoy,
@@ -38,7 +38,7 @@ from epp.envoy import (
     validate_config,
     write_config,
 )
-from epp.procs import (
+from epp.harness.procs import (
     AllReady,
     LogReady,
     PortReady,
@@ -107,7 +107,7 @@ def test_sigterm_ignored_escalates_to_sigkill() -> None:
 
 _PARENT_SCRIPT = """
 import sys, time
-from epp.procs import ProcessGroup
+from epp.harness.procs import ProcessGroup
 pg = ProcessGroup(sys.argv[1])  # a SIGKILLed parent cannot remove its own temp dir
 child = pg.start("sleeper", ["sleep", "100"])
 print("child", child.pid, flush=True)

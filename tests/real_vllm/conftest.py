@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from epp.procs import HttpReady, ManagedProcess, ProcessGroup, free_port, wait_ready
+from epp.harness.procs import HttpReady, ManagedProcess, ProcessGroup, free_port, wait_ready
 
 ENABLED = os.environ.get("EPP_REAL_VLLM") == "1"
 

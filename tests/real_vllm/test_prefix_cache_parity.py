@@ -23,8 +23,8 @@ import uuid
 import aiohttp
 import pytest
 
-from epp.localstack import EPP_CMD
-from epp.procs import HttpReady, ProcessGroup, free_port
+from epp.harness.localstack import EPP_CMD
+from epp.harness.procs import HttpReady, ProcessGroup, free_port
 from epp.tokenizer import HFTokenizer
 from tests.real_vllm.conftest import BLOCK_SIZE, MODEL_NAME
 from tests.real_vllm.helpers import TIMEOUT, families, get_text, post, value, wait_for

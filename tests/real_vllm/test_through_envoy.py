@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from epp.localstack import start_epp_behind_envoy
-from epp.procs import ProcessGroup
+from epp.harness.localstack import start_epp_behind_envoy
+from epp.harness.procs import ProcessGroup
 from tests.real_vllm.conftest import LORA_NAME, MODEL_NAME
 from tests.real_vllm.helpers import TIMEOUT, get_text, post, value, wait_for
 

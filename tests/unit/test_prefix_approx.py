@@ -26,7 +26,7 @@ EPS = [A, B, C]
 
 
 def producer(params: dict | None = None, handle: Handle | None = None):
-    from epp.config.params import parse_params
+    from epp.scheduling.params import parse_params
 
     spec = lookup("approx-prefix-cache-producer")
     assert spec is not None

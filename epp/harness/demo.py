@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from epp.localstack import LocalStack, PDLayout
+from epp.harness.localstack import LocalStack, PDLayout
 
 # Model time per token on the simulators (milliseconds). sim-3 decodes 3× slower.
 SIM_ARGS = ["--max-num-seqs", "4", "--decode-ms-per-token", "6", "--prefill-ms-per-token", "0.05"]

@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 import yaml
 
-from epp.procs import AllReady, HttpReady, ManagedProcess, PortReady, ProcessGroup
+from epp.harness.procs import AllReady, HttpReady, ManagedProcess, PortReady, ProcessGroup
 
-TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "deploy" / "envoy" / "envoy.yaml"
+TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "envoy.yaml"
 ENVOY_BIN_ENV = "EPP_ENVOY_BIN"
 
 LISTENER_NAME = "epp_gateway"

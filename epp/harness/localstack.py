@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epp.datastore import ROLE_LABEL
-from epp.envoy import EnvoyOptions, RunningEnvoy, render_direct, start_envoy
-from epp.procs import HttpReady, LogReady, ManagedProcess, ProcessGroup, free_port
+from epp.harness.envoy import EnvoyOptions, RunningEnvoy, render_direct, start_envoy
+from epp.harness.procs import HttpReady, LogReady, ManagedProcess, ProcessGroup, free_port
 
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
-PD_CONFIG = Path(__file__).resolve().parents[1] / "config" / "pd-disagg.yaml"
+PD_CONFIG = Path(__file__).resolve().parents[2] / "config" / "pd-disagg.yaml"
 
 
 def start_epp_behind_envoy(

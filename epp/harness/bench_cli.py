@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 BENCHMARKS = {"routing": "routing.py"}
 
 
