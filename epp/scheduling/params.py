@@ -2,7 +2,9 @@
 
 Each plugin declares a `Params` dataclass; its defaults are the one place a default
 lives. Field names are snake_case in Python and camelCase in YAML (`max_num_of_endpoints`
-↔ `maxNumOfEndpoints`); `param(aliases=...)` accepts older upstream spellings.
+↔ `maxNumOfEndpoints`); `param(aliases=...)` accepts older upstream spellings. A file
+whose upstream spells keys in kebab-case (the planner's, after Dynamo's flags:
+`adjustment-interval`) passes `style="kebab"`; the rules and errors are the same.
 Unknown keys, wrong types and out-of-range values are errors naming the field and the
 accepted values: upstream's lenient decoding silently dropped misspelt parameters.
 """
@@ -37,7 +39,12 @@ def param(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def yaml_name(field_name: str) -> str:
+KeyStyle = typing.Literal["camel", "kebab"]
+
+
+def yaml_name(field_name: str, style: KeyStyle = "camel") -> str:
+    if style == "kebab":
+        return field_name.replace("_", "-")
     head, *rest = field_name.split("_")
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
@@ -57,7 +64,7 @@ def _type_label(tp: Any) -> str:
     )
 
 
-def _convert(value: Any, tp: Any, path: str) -> Any:
+def _convert(value: Any, tp: Any, path: str, style: KeyStyle = "camel") -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -67,7 +74,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _convert(value, arg, path)
+                return _convert(value, arg, path, style)
             except ConfigError:
                 continue
         raise ConfigError(path, f"must be {_type_label(tp)}, got {value!r}")
@@ -75,14 +82,14 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(path, f"must be {_type_label(tp)}, got {value!r}")
         (item_tp,) = typing.get_args(tp)
-        return [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_convert(v, item_tp, f"{path}[{i}]", style) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(path, f"must be a map, got {value!r}")
         _, val_tp = typing.get_args(tp)
-        return {str(k): _convert(v, val_tp, f"{path}.{k}") for k, v in value.items()}
+        return {str(k): _convert(v, val_tp, f"{path}.{k}", style) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return parse_params(tp, value, path)
+        return parse_params(tp, value, path, style=style)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -102,30 +109,32 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(path, f"must be {_type_label(tp)}, got {value!r}")
 
 
-def fields_by_yaml_name(cls: type) -> dict[str, dataclasses.Field]:
+def fields_by_yaml_name(cls: type, style: KeyStyle = "camel") -> dict[str, dataclasses.Field]:
     out: dict[str, dataclasses.Field] = {}
     for f in dataclasses.fields(cls):
-        out[yaml_name(f.name)] = f
+        out[yaml_name(f.name, style)] = f
         for alias in f.metadata.get("aliases", ()):
             out[alias] = f
     return out
 
 
-def parse_params(cls: type, raw: Any, path: str = "parameters") -> Any:
+def parse_params(
+    cls: type, raw: Any, path: str = "parameters", *, style: KeyStyle = "camel"
+) -> Any:
     """Build `cls` from a YAML mapping; every problem raises ConfigError at `path`."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(path, f"must be a map of parameters, got {raw!r}")
     hints = typing.get_type_hints(cls)
-    known = fields_by_yaml_name(cls)
+    known = fields_by_yaml_name(cls, style)
     values: dict[str, Any] = {}
     seen_from: dict[str, str] = {}
     for key, value in raw.items():
         key = str(key)
         f = known.get(key)
         if f is None:
-            accepted = sorted(yaml_name(x.name) for x in dataclasses.fields(cls))
+            accepted = sorted(yaml_name(x.name, style) for x in dataclasses.fields(cls))
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             listed = ", ".join(accepted) if accepted else "none (this plugin takes no parameters)"
@@ -137,14 +146,14 @@ def parse_params(cls: type, raw: Any, path: str = "parameters") -> Any:
                 f"{path}.{key}", f"given twice (also as '{seen_from[f.name]}'); keep one"
             )
         seen_from[f.name] = key
-        converted = _convert(value, hints[f.name], f"{path}.{key}")
+        converted = _convert(value, hints[f.name], f"{path}.{key}", style)
         _check_range(converted, f, f"{path}.{key}")
         values[f.name] = converted
     for f in dataclasses.fields(cls):
         if (
             f.name not in values and f.default is _MISSING and f.default_factory is _MISSING  # type: ignore[misc]
         ):
-            raise ConfigError(f"{path}.{yaml_name(f.name)}", "is required")
+            raise ConfigError(f"{path}.{yaml_name(f.name, style)}", "is required")
     try:
         obj = cls(**values)
     except (TypeError, ValueError) as e:
@@ -169,7 +178,7 @@ def _check_range(value: Any, f: dataclasses.Field, path: str) -> None:
             raise ConfigError(path, f"must be at most {hi}; got {value}")
 
 
-def describe(cls: type) -> list[tuple[str, str, Any, str]]:
+def describe(cls: type, style: KeyStyle = "camel") -> list[tuple[str, str, Any, str]]:
     """(yaml name, type, default, doc) per parameter: for docs and `epp plugins`."""
     hints = typing.get_type_hints(cls)
     rows = []
@@ -182,7 +191,12 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
             )
         )
         rows.append(
-            (yaml_name(f.name), _type_label(hints[f.name]), default, f.metadata.get("doc", ""))
+            (
+                yaml_name(f.name, style),
+                _type_label(hints[f.name]),
+                default,
+                f.metadata.get("doc", ""),
+            )
         )
     return rows
 

@@ -1,0 +1,80 @@
+"""The planner's decision core stays pure: no network, processes, threads, clocks or
+logging in its modules, so the replay and the live loop run the very same decisions.
+
+Every module under epp/planner/ is pure unless listed in IO_MODULES (the drivers that
+feed the core and carry out its decisions).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PLANNER = Path(__file__).resolve().parents[2] / "epp" / "planner"
+
+IO_MODULES = {
+    "cli.py",
+    "loop.py",
+    "record.py",
+    "source.py",
+    "connectors/local.py",
+    "connectors/kubernetes.py",
+    "connectors/virtual.py",
+    "connectors/client.py",
+    "profiler/sweep.py",
+    "profiler/plots.py",
+    "profiler/cli.py",
+    "plots.py",
+}
+FORBIDDEN = {
+    "aiohttp",
+    "asyncio",
+    "grpc",
+    "http",
+    "kubernetes",
+    "logging",
+    "requests",
+    "socket",
+    "subprocess",
+    "threading",
+    "time",
+    "urllib",
+    "zmq",
+}
+
+
+def pure_modules() -> list[Path]:
+    return [
+        p
+        for p in sorted(PLANNER.rglob("*.py"))
+        if p.relative_to(PLANNER).as_posix() not in IO_MODULES
+    ]
+
+
+def offences(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            names = ["open()"] if node.func.id == "open" else []
+        else:
+            continue
+        found += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+        found += [f"{path.name}:{node.lineno} open()" for n in names if n == "open()"]
+    return found
+
+
+def test_pure_planner_modules_do_no_io():
+    modules = pure_modules()
+    assert any(p.name == "types.py" for p in modules)
+    bad = [o for p in modules for o in offences(p)]
+    assert bad == [], "I/O in a pure planner module (move it to an IO_MODULES driver): " + str(bad)
+
+
+def test_the_check_catches_an_offence(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import time\nfrom asyncio import sleep\nx = open('f')\n")
+    assert offences(probe) == ["probe.py:1 time", "probe.py:2 asyncio", "probe.py:3 open()"]
