@@ -1,8 +1,9 @@
 """`epp serve`: the endpoint picker process.
 
-Wires the pieces: endpoints (file and flags) → datastore, the metrics scraper filling
-it, the config's scheduler behind a director, the ext_proc and health gRPC servers and
-the Prometheus /metrics endpoint. `EppServer` is the same thing in-process, for tests.
+Wires the pieces: endpoints (file and flags, or Kubernetes discovery) → datastore, the
+metrics scraper filling it, the config's scheduler behind a director, the ext_proc and
+health gRPC servers and the Prometheus /metrics endpoint. `EppServer` is the same thing
+in-process, for tests.
 """
 
 from __future__ import annotations
@@ -22,12 +23,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
+from epp.datalayer import k8s_cli
 from epp.datalayer.endpoints_file import (
     EndpointsError,
     load_endpoints_file,
     parse_endpoint_args,
     watch_endpoints_file,
 )
+from epp.datalayer.k8s_discovery import (
+    KubeConfigError,
+    KubernetesDiscovery,
+    KubeSource,
+    load_api_client,
+)
+from epp.datalayer.k8s_pods import PoolSpecError
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import Director
@@ -56,6 +65,8 @@ class ServeOptions:
     # `extra_endpoints` (from --endpoint flags) stay beside it.
     watch_file: str | None = None
     extra_endpoints: list[Endpoint] = field(default_factory=list)
+    # Kubernetes discovery (--pool-name / --endpoint-selector): it owns the pool.
+    kubernetes: KubeSource | None = None
 
 
 class EppServer:
@@ -79,6 +90,7 @@ class EppServer:
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
         self._watch: asyncio.Task | None = None
+        self.discovery: KubernetesDiscovery | None = None
         self._runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.health_port = 0
@@ -93,6 +105,9 @@ class EppServer:
             self.scraper.start()
         for plugin in self._lifecycle:
             await plugin.start()
+        if o.kubernetes is not None:
+            self.discovery = KubernetesDiscovery(o.kubernetes, self.datastore)
+            await self.discovery.start()
         if o.watch_file:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
@@ -126,6 +141,9 @@ class EppServer:
         )
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
+            self.discovery = None
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
@@ -235,9 +253,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an endpoint whose last good scrape is older is unhealthy (2.0)",
     )
     p.add_argument("--scrape-timeout", type=float, default=1.0, metavar="SECONDS", help="(1.0)")
-    p.add_argument(
-        "--pool-name", default="default", help="the name label of inference_pool_* gauges"
-    )
+    k8s_cli.add_arguments(p)
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -260,6 +276,9 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
     if args.max_body_bytes <= 0:
         raise ConfigError("", "--max-body-bytes must be > 0")
+    kube = k8s_cli.source_from_args(args)
+    if kube is not None:
+        load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
     opts = ServeOptions(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -269,10 +288,11 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         refresh_metrics_interval=args.refresh_metrics_interval,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         scrape_timeout=args.scrape_timeout,
-        pool_name=args.pool_name,
+        pool_name=args.pool_name or "default",
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
+        kubernetes=kube,
     )
     return opts, config
 
@@ -283,11 +303,14 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError) as e:
+    except (ConfigError, EndpointsError, PoolSpecError, KubeConfigError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
-    if not opts.endpoints and not opts.watch_file:
-        log.warning("no endpoints given (--endpoints/--endpoint): every request will get 503")
+    if not opts.endpoints and not opts.watch_file and opts.kubernetes is None:
+        log.warning(
+            "no endpoints given (--endpoints/--endpoint/--pool-name/--endpoint-selector):"
+            " every request will get 503"
+        )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(opts, config, args.seed))
     return 0
@@ -297,10 +320,10 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
     server = EppServer(opts, config, seed)
     await server.start()
     log.info("%s", config.describe())
+    pool = opts.kubernetes.describe() if opts.kubernetes else f"{len(opts.endpoints)} endpoints"
     print(
         f"epp serving ext_proc on {opts.host}:{server.grpc_port} "
-        f"(health {server.health_port}, metrics {server.metrics_port}) "
-        f"with {len(opts.endpoints)} endpoints",
+        f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
     stop = asyncio.Event()
