@@ -113,7 +113,8 @@ class FakeKubeAPI:
         self.url = ""
 
     # ---- server ---------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, port: int = 0) -> None:
+        """Serve on `port` (0: any free one; give the old port to "restart" the server)."""
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._handle(PODS))
         app.router.add_get(
@@ -123,7 +124,7 @@ class FakeKubeAPI:
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"http://127.0.0.1:{port}"
@@ -132,6 +133,11 @@ class FakeKubeAPI:
         self.drop_watches()
         if self._runner is not None:
             await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     def kubeconfig(self, path: Any, namespace: str = "default") -> str:
         """Write a kubeconfig that points at this server (plain HTTP, no auth)."""

@@ -169,6 +169,23 @@ async def test_bookmarks_advance_the_resource_version(fake, kubeconfig, discover
     assert any(f"resourceVersion={now}" in r and "pods" in r for r in fake.requests)
 
 
+async def test_api_server_outage_keeps_the_pool_and_reconnects(
+    fake, kubeconfig, discover, caplog
+) -> None:
+    caplog.set_level(logging.INFO, logger="epp.datalayer")
+    fake.put_pool("pool-a", POOL, ns=NS)
+    fake.put_pod("a", "10.0.0.1", ROLE, ns=NS)
+    _, ds = await discover(kubeconfig, pool_name="pool-a")
+    await eventually(lambda: names(ds) == ["a"])
+    await fake.stop()  # the API server goes away: connections refused
+    await eventually(lambda: "cannot reach the API server" in caplog.text, what="outage logged")
+    assert names(ds) == ["a"]
+    fake.put_pod("b", "10.0.0.2", ROLE, ns=NS)
+    await fake.start(fake.port)  # back on the same address, with b added meanwhile
+    await eventually(lambda: names(ds) == ["a", "b"], what="reconnected")
+    await eventually(lambda: "recovered" in caplog.text, what="recovery logged")
+
+
 async def test_multi_port_pods_are_one_endpoint_per_port(fake, kubeconfig, discover) -> None:
     spec = {**POOL, "targetPorts": [{"number": 8000}, {"number": 8001}]}
     fake.put_pool("pool-a", spec, ns=NS)
