@@ -19,7 +19,8 @@ one does, as far as a list/watch client can tell:
   event is `ERROR` with a `Status` of code 410 ("too old resource version"), which is
   what the real server sends, so the client has to relist;
 - `forbid(resource)` answers 403 with the real `Status` body (reason Forbidden); a
-  resource set absent with `crd_installed=False` answers 404.
+  resource set absent with `crd_installed=False` answers 404; `forbid(r, verbs=("watch",))`
+  refuses only the watch, as a Role granting list but not watch does.
 
 Test controls mutate state from the test's event loop; `requests` records what the
 client asked (method path?query), so a test can see that a relist happened.
@@ -103,7 +104,7 @@ class FakeKubeAPI:
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.history: list[_Event] = []
         self.watchers: list[_Watcher] = []
-        self.forbidden: set[str] = set()
+        self.forbidden: dict[str, set[str]] = {}  # resource -> refused verbs
         self.crd_installed = True
         self.bookmark_interval = bookmark_interval
         self.requests: list[str] = []
@@ -156,8 +157,8 @@ current-context: fake
             q = request.query
             self.requests.append(f"GET {request.path}?{request.query_string}")
             ns = request.match_info["ns"]
-            if resource in self.forbidden:
-                verb = "watch" if q.get("watch") == "true" else "list"
+            verb = "watch" if q.get("watch") == "true" else "list"
+            if verb in self.forbidden.get(resource, ()):
                 group = POOL_GROUP if resource == POOLS else ""
                 msg = (
                     f'{resource} is forbidden: User "system:serviceaccount:{ns}:epp" cannot'
@@ -350,11 +351,13 @@ current-context: fake
         for w in list(self.watchers):
             w.queue.put_nowait("bookmark")
 
-    def forbid(self, resource: str, forbidden: bool = True) -> None:
+    def forbid(
+        self, resource: str, forbidden: bool = True, verbs: tuple[str, ...] = ("list", "watch")
+    ) -> None:
         if forbidden:
-            self.forbidden.add(resource)
+            self.forbidden[resource] = set(verbs)
         else:
-            self.forbidden.discard(resource)
+            self.forbidden.pop(resource, None)
 
     def watching(self, resource: str) -> int:
         """How many watch streams on `resource` are open now."""

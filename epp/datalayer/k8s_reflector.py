@@ -134,6 +134,7 @@ class Reflector:
         self._wake = threading.Event()  # set by stop() and set_label_selector(): ends sleeps
         self._response: Any = None  # the open watch response (urllib3), to interrupt
         self._thread: threading.Thread | None = None
+        self._failures = 0
         self.lists = 0  # how many full lists were made (for logs and tests)
         self.resource_version = ""  # the last one seen: list, event or bookmark
 
@@ -176,7 +177,7 @@ class Reflector:
 
     # ---- the loop (reflector thread) ------------------------------------------
     def _run(self) -> None:
-        failures = 0
+        self._failures = 0  # consecutive; reset once a watch is accepted (HTTP 200)
         while not self._stop.is_set():
             with self._lock:
                 self._restart.clear()
@@ -185,8 +186,6 @@ class Reflector:
             try:
                 objects, rv = self._list(selector)
                 self.resource_version = rv
-                failures = 0
-                self._on_error(None)
                 self._on_sync(selector, objects)
                 self._watch_from(selector, objects, rv)
             except ApiException as e:
@@ -195,15 +194,15 @@ class Reflector:
                 if e.status == 410:
                     log.info("kubernetes %s: resourceVersion too old (410); relisting", self.what)
                     continue
-                failures += 1
+                self._failures += 1
                 self._on_error(describe_api_error(self.what, e))
             except Exception as e:  # urllib3/socket errors, bad JSON: retry, never die
                 if self._interrupted():
                     continue
-                failures += 1
+                self._failures += 1
                 self._on_error(describe_api_error(self.what, e))
-            if failures:
-                self._wake.wait(self._backoff(failures))
+            if self._failures:
+                self._wake.wait(self._backoff(self._failures))
 
     def _backoff(self, failures: int) -> float:
         t = self.timing
@@ -282,8 +281,15 @@ class Reflector:
                 empty_ends = 0
 
     def _open_watch(self, *args: Any, **kwargs: Any) -> Any:
-        """The list call with watch=true; its response is registered for `_interrupt`."""
+        """The list call with watch=true; its response is registered for `_interrupt`.
+
+        Returning at all means the server accepted the watch (an error status raises), so
+        this is where the reflector counts as healthy again: a list that succeeds while
+        the watch is refused (RBAC granting list but not watch) keeps the error standing.
+        """
         resp = self._list_fn(*args, **kwargs)
+        self._failures = 0
+        self._on_error(None)
         with self._lock:
             self._response = resp
             if self._interrupted():  # a stop/restart came while the request was in flight

@@ -226,7 +226,24 @@ async def test_forbidden_keeps_the_last_pool_and_names_rbac(
     assert names(ds) == ["a"]
     fake.forbid("pods", False)  # RBAC fixed: the retry lists again
     await eventually(lambda: names(ds) == [], what="recovery after 403")
-    assert "pods recovered" in caplog.text
+    await eventually(lambda: "pods recovered" in caplog.text, what="recovery logged")
+
+
+async def test_list_without_watch_permission_is_one_error_not_a_flapping_log(
+    fake, kubeconfig, discover, caplog
+) -> None:
+    caplog.set_level(logging.INFO, logger="epp.datalayer")
+    fake.put_pool("pool-a", POOL, ns=NS)
+    fake.put_pod("a", "10.0.0.1", ROLE, ns=NS)
+    fake.forbid("pods", verbs=("watch",))  # a Role with get/list but no watch
+    d, ds = await discover(kubeconfig, pool_name="pool-a")
+    await eventually(lambda: d.pods.lists >= 4, what="relists with backoff")
+    assert names(ds) == ["a"]  # every list succeeds, so the pool is current
+    errors = [r.getMessage() for r in caplog.records if "forbidden (403)" in r.getMessage()]
+    assert len(errors) == 1 and 'cannot watch resource "pods"' in errors[0]
+    assert "pods recovered" not in caplog.text
+    fake.forbid("pods", False)
+    await eventually(lambda: "pods recovered" in caplog.text, what="recovery")
 
 
 async def test_missing_pool_and_missing_crd_are_named_and_the_pool_kept(
