@@ -69,7 +69,8 @@ class KubeSource:
 
 
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
-    """`--kubeconfig`, else in-cluster (the pod's ServiceAccount), else ~/.kube/config."""
+    """`--kubeconfig`, else in-cluster (the pod's ServiceAccount), else $KUBECONFIG or
+    ~/.kube/config (the client's own default)."""
     cfg = client.Configuration()
     try:
         if kubeconfig:
@@ -79,8 +80,14 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
         else:
             config.load_kube_config(client_configuration=cfg)
     except (config.ConfigException, OSError, ValueError) as e:
-        where = kubeconfig or "in-cluster config or ~/.kube/config"
-        raise KubeConfigError(f"--kubeconfig: cannot load {where}: {e}") from e
+        if kubeconfig:
+            raise KubeConfigError(f"--kubeconfig: cannot load {kubeconfig}: {e}") from e
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            raise KubeConfigError(f"in-cluster config: {e}; is a ServiceAccount mounted?") from e
+        raise KubeConfigError(
+            f"no cluster credentials: not in a pod and no kubeconfig ({e});"
+            " pass --kubeconfig FILE or set $KUBECONFIG"
+        ) from e
     return client.ApiClient(cfg)
 
 

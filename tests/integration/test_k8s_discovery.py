@@ -364,3 +364,15 @@ def test_bad_kubeconfig_is_one_clear_line(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr.startswith("epp serve: --kubeconfig: cannot load") and "missing" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_no_credentials_at_all_is_one_clear_line(tmp_path: Path) -> None:
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config
+    argv = [sys.executable, "-m", "epp.cli", "serve", "--pool-name", "p"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2
+    assert r.stderr.startswith("epp serve: no cluster credentials") and "--kubeconfig" in r.stderr
+    assert "Traceback" not in r.stderr
