@@ -106,7 +106,10 @@ class EppServer:
         for plugin in self._lifecycle:
             await plugin.start()
         if o.kubernetes is not None:
-            self.discovery = KubernetesDiscovery(o.kubernetes, self.datastore)
+            # In a thread: importing the client's API classes takes seconds of CPU.
+            self.discovery = await asyncio.to_thread(
+                KubernetesDiscovery, o.kubernetes, self.datastore
+            )
             await self.discovery.start()
         if o.watch_file:
             self._watch = asyncio.create_task(
