@@ -8,10 +8,11 @@ Two reflectors (`k8s_reflector`), each on its own thread:
   pod reflector relist under it;
 - the pods matching that selector (or `--endpoint-selector`, without the CRD).
 
-Every pod sync is mapped by the pure `k8s_pods.pods_to_endpoints` and handed to the event
-loop (`call_soon_threadsafe`), where `Datastore.set_endpoints` replaces the pool the same
-way the endpoints-file watcher does: endpoints that stay keep their metrics and in-flight
-counters, ones that leave stop getting new requests while their in-flight ones finish.
+Every pod sync is mapped by `k8s_pods.PodMapper` (the pure rules, memoised per pod) and
+handed to the event loop (`call_soon_threadsafe`), where `Datastore.set_endpoints`
+replaces the pool the same way the endpoints-file watcher does: endpoints that stay keep
+their metrics and in-flight counters, ones that leave stop getting new requests while
+their in-flight ones finish.
 
 Nothing here can empty a live pool by mistake: a pool that does not exist, an
 InferencePool without a selector, or a 403 from RBAC is logged once (ERROR, naming the
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 from kubernetes import client, config
 
-from epp.datalayer.k8s_pods import PoolSpec, PoolSpecError, pods_to_endpoints, pool_spec
+from epp.datalayer.k8s_pods import PodMapper, PoolSpec, PoolSpecError, pool_spec
 from epp.datalayer.k8s_reflector import Objects, Reflector, WatchTiming
 from epp.datastore import Datastore, Endpoint
 
@@ -126,6 +127,7 @@ class KubernetesDiscovery:
         self._lock = threading.Lock()
         self._spec: PoolSpec | None = source.selector
         self._pods_objs: Objects = {}
+        self._mapper = PodMapper()
         self._loop: asyncio.AbstractEventLoop | None = None
         ns = source.namespace
         self.pods = Reflector(
@@ -199,7 +201,7 @@ class KubernetesDiscovery:
         with self._lock:
             if self._spec is None:
                 return
-            endpoints = pods_to_endpoints(self._pods_objs.values(), self._spec.ports)
+            endpoints = self._mapper.map(self._pods_objs, self._spec.ports)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             # RuntimeError: the loop closed between the check and the call.

@@ -23,6 +23,7 @@ from typing import Any
 from epp.datastore import Endpoint
 
 __all__ = [
+    "PodMapper",
     "PoolSpec",
     "PoolSpecError",
     "parse_label_selector",
@@ -164,3 +165,31 @@ def pods_to_endpoints(pods: Iterable[Mapping[str, Any]], ports: Sequence[int]) -
     """The pool: every Ready pod's endpoints, sorted by name (a stable order to compare)."""
     endpoints = [ep for pod in pods for ep in pod_endpoints(pod, ports)]
     return sorted(endpoints, key=lambda e: e.name)
+
+
+class PodMapper:
+    """`pods_to_endpoints` that re-maps only pods whose resourceVersion changed.
+
+    Every watch event hands over the whole pod set; mapping 500 pods from scratch took
+    ~20 ms on the 2-vCPU test machine (bench/k8s_discovery.py), a memo lookup per pod
+    a small fraction of that. Same result as `pods_to_endpoints` (tested).
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[str, tuple[int, ...], list[Endpoint]]] = {}
+
+    def map(self, pods: Mapping[str, Mapping[str, Any]], ports: Sequence[int]) -> list[Endpoint]:
+        ports = tuple(ports)
+        memo: dict[str, tuple[str, tuple[int, ...], list[Endpoint]]] = {}
+        endpoints: list[Endpoint] = []
+        for name, pod in pods.items():
+            rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+            hit = self._memo.get(name)
+            if rv and hit is not None and hit[0] == rv and hit[1] == ports:
+                eps = hit[2]
+            else:
+                eps = pod_endpoints(pod, ports)
+            memo[name] = (rv, ports, eps)
+            endpoints.extend(eps)
+        self._memo = memo
+        return sorted(endpoints, key=lambda e: e.name)
