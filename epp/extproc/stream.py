@@ -14,20 +14,33 @@ Body modes differ in what Envoy waits for:
   destination travels as a header mutation on the body response.
 - STREAMED: like BUFFERED, but one response per chunk; held until the last chunk so
   the destination is known, the first carrying the header mutation.
+
+The response (when Envoy sends it: response headers SEND, body FULL_DUPLEX_STREAMED,
+trailers SEND) passes through unchanged: headers answered at once, every body chunk
+answered with a `streamed_response` of the same bytes (in FULL_DUPLEX_STREAMED Envoy
+forwards only what the processor sends back). On the way the `ResponseMeter` notes the
+first token (the request's prompt stops counting as in-flight prefill) and the end
+(last body chunk, trailers, or headers with end_of_stream), where the in-flight counts
+are given back and the observer gets the request's record. A stream that ends before
+its response did (client gone, upstream reset) gives them back in `close()`.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
+from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.completion import ResponseObserver, build_record
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, too_large
 from epp.extproc import messages as m
 from epp.request import HEADER_REQUEST_ID, InferenceRequest, new_request, parse_body
+from epp.response import ResponseMeter
 
 log = logging.getLogger("epp.extproc")
 
@@ -41,13 +54,26 @@ class Phase(enum.Enum):
     AWAIT_HEADERS = "await_headers"
     GATHER_BODY = "gather_body"
     ROUTED = "routed"
+    RESPONDING = "responding"  # response headers seen, body streaming
+    DONE = "done"  # the response ended; in-flight given back
     REJECTED = "rejected"
 
 
 class RequestStream:
-    def __init__(self, director: Director, max_body_bytes: int) -> None:
+    """`observer` None switches the response measurement off (`--response-path off`):
+    response phases, if Envoy sends them, still pass through and end the in-flight hold."""
+
+    def __init__(
+        self,
+        director: Director,
+        max_body_bytes: int,
+        observer: ResponseObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.observer = observer
+        self.clock = clock
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = _MODES.NONE
@@ -58,6 +84,9 @@ class RequestStream:
         self._size = 0
         self._generated_id = False
         self._awaiting_trailers = False
+        self.routed_at = 0.0
+        self.status = 0
+        self.meter: ResponseMeter | None = None
 
     # ---- entry points -----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -75,11 +104,11 @@ class RequestStream:
             if kind == "request_trailers":
                 return self._on_request_trailers()
             if kind == "response_headers":
-                return [m.response_headers_passthrough()]
+                return self._on_response_headers(msg.response_headers)
             if kind == "response_body":
-                streamed = self.response_body_mode == FULL_DUPLEX
-                return m.response_body_passthrough(msg.response_body, streamed)
+                return self._on_response_body(msg.response_body)
             if kind == "response_trailers":
+                self._end_response(complete=True)
                 return [m.response_trailers_passthrough()]
         except EppError as e:
             return self._reject(e)
@@ -88,8 +117,48 @@ class RequestStream:
 
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
-        if self.decision is not None:
-            self.director.release(self.decision)
+        if self.decision is not None and self.phase is not Phase.DONE:
+            self._end_response(complete=False)
+
+    # ---- response phases --------------------------------------------------
+    def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        self.phase = Phase.RESPONDING
+        if self.observer is not None and self.decision is not None:
+            h = m.header_map(headers)
+            status = h.get(":status", "")
+            self.status = int(status) if status.isdigit() else 0
+            streamed = h.get("content-type", "").startswith("text/event-stream")
+            self.meter = ResponseMeter(streamed)
+        if headers.end_of_stream:
+            self._end_response(complete=True)
+        return [m.response_headers_passthrough()]
+
+    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        meter, decision = self.meter, self.decision
+        if meter is not None and decision is not None and meter.feed(body.body, self.clock()):
+            self.director.first_token(decision)
+        out = m.response_body_passthrough(body, self.response_body_mode == FULL_DUPLEX)
+        if body.end_of_stream:
+            self._end_response(complete=True)
+        return out
+
+    def _end_response(self, complete: bool) -> None:
+        """Exactly once per stream: in-flight given back, the record to the observer."""
+        if self.phase is Phase.DONE:
+            return
+        self.phase = Phase.DONE
+        decision, request = self.decision, self.request
+        if decision is None:
+            return
+        now = self.clock()
+        if self.meter is not None and self.meter.finish(now):
+            self.director.first_token(decision)
+        self.director.release(decision)
+        if self.observer is not None and request is not None and decision.result is not None:
+            record = build_record(
+                request, decision, self.meter, self.status, self.routed_at, now, complete
+            )
+            self.observer.finished(request, decision, record)
 
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -102,6 +171,7 @@ class RequestStream:
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
+            self.routed_at = self.clock()
             self.phase = Phase.ROUTED
             return [
                 m.headers_response(
@@ -143,6 +213,7 @@ class RequestStream:
         self._chunks = []
         req = parse_body(self.request, raw)
         self.decision = self.director.route(req, self.subset)
+        self.routed_at = self.clock()
         self.phase = Phase.ROUTED
         new_body = req.body_for_upstream()
         body = new_body if new_body is not None else raw

@@ -1,0 +1,169 @@
+"""Reading a model server's response as it streams past: first token, token times, usage.
+
+`ResponseMeter.feed(chunk, now)` is called once per response body chunk on the request
+loop, so it must be cheap: it never parses the JSON of an ordinary token event. For an
+SSE stream (`text/event-stream`) it splits complete lines, and for each `data:` line asks
+one precompiled regex whether a choice carries text (`"content"`, `"text"`, reasoning or
+tool-call `"arguments"` with a non-empty string value); only the last event that names
+`"usage"` is kept raw and parsed once, when the response ends (vLLM sends it as the last
+event when the client asked for `stream_options.include_usage`; with continuous usage
+stats every event has one and the last wins). An `"error"` event (a server that fails
+mid-stream, as vLLM and `epp sim` do) is parsed to mark the response failed. A plain JSON
+body is buffered up to `max_json_bytes` and parsed at the end for its usage; its "first
+token" is the end of the body, since nothing reaches the client earlier.
+
+Times are whatever clock the caller passes; the meter never reads one (tests drive it).
+bench/overhead.py measures `feed` per chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+# A choice that carries output: chat `delta.content`, completions `text`, reasoning text,
+# or tool-call arguments, with a non-empty JSON string value. An escaped quote inside a
+# string (`\\"text\\":`) cannot match, since a backslash sits before the closing quote.
+_TOKEN = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)"\s*:\s*"(?!")')
+DEFAULT_MAX_JSON_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """OpenAI `usage`: prompt, completion and cached prompt tokens (0 when not reported)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @classmethod
+    def from_json(cls, obj: object) -> Usage | None:
+        if not isinstance(obj, dict):
+            return None
+        details = obj.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return None
+        return cls(prompt, completion, cached if isinstance(cached, int) else 0)
+
+
+class ResponseMeter:
+    """One response body, fed chunk by chunk; read the results after `finish`."""
+
+    __slots__ = (
+        "_body",
+        "_body_size",
+        "_tail",
+        "_usage_line",
+        "error_status",
+        "first_token_at",
+        "last_token_at",
+        "max_json_bytes",
+        "streamed",
+        "token_events",
+        "usage",
+    )
+
+    def __init__(self, streamed: bool, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> None:
+        self.streamed = streamed
+        self.max_json_bytes = max_json_bytes
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.token_events = 0  # SSE events that carried output
+        self.usage: Usage | None = None
+        self.error_status = 0  # set when an error event or an error JSON body was seen
+        self._tail = b""
+        self._usage_line: bytes | None = None
+        self._body: list[bytes] = []
+        self._body_size = 0
+
+    def feed(self, chunk: bytes, now: float) -> bool:
+        """Take one body chunk; True when it carried the response's first token."""
+        if not self.streamed:
+            if self._body_size <= self.max_json_bytes:
+                self._body.append(chunk)
+            self._body_size += len(chunk)
+            return False
+        data = self._tail + chunk if self._tail else chunk
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        tokens = 0
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, `event:` / `id:` fields
+            if _TOKEN.search(line) is not None:
+                tokens += 1
+            elif b'"usage"' not in line and b'"error"' in line:
+                self._read_error(line)
+            if b'"usage"' in line:
+                self._usage_line = line
+        if not tokens:
+            return False
+        self.token_events += tokens
+        self.last_token_at = now
+        if self.first_token_at is None:
+            self.first_token_at = now
+            return True
+        return False
+
+    def finish(self, now: float) -> bool:
+        """The body ended; parses what was kept. True when this was the first token
+        (a non-streamed body with content)."""
+        if self._tail:
+            self.feed(b"\n", now)
+        if self.streamed:
+            if self._usage_line is not None:
+                obj = _json(self._usage_line[5:])
+                self.usage = Usage.from_json(obj.get("usage")) if isinstance(obj, dict) else None
+            return False
+        size, body = self._body_size, b"".join(self._body)
+        self._body = []
+        if not size:
+            return False
+        obj = _json(body) if size <= self.max_json_bytes else None
+        if isinstance(obj, dict):
+            self.usage = Usage.from_json(obj.get("usage"))
+            if "error" in obj and "choices" not in obj:
+                self.error_status = _error_status(obj["error"])
+        self.token_events = 1
+        self.first_token_at = self.last_token_at = now
+        return True
+
+    @property
+    def output_tokens(self) -> int:
+        """Completion tokens from usage, else the count of token-carrying events."""
+        return self.usage.completion_tokens if self.usage else self.token_events
+
+    def itl_s(self) -> float:
+        """Mean gap between output tokens after the first (TPOT); NaN below two tokens.
+
+        With usage the span first→last token event is divided by completion tokens − 1
+        (a server may batch several tokens per event); without, by events − 1. A JSON
+        body arrives at once: no gap was observed.
+        """
+        n = self.output_tokens
+        first, last = self.first_token_at, self.last_token_at
+        if not self.streamed or first is None or last is None or n < 2:
+            return math.nan
+        return (last - first) / (n - 1)
+
+    def _read_error(self, line: bytes) -> None:
+        obj = _json(line[5:])
+        if isinstance(obj, dict) and "error" in obj and not obj.get("choices"):
+            self.error_status = _error_status(obj["error"])
+
+
+def _json(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _error_status(error: object) -> int:
+    """The HTTP status an error object names (OpenAI/vLLM put it in `code`), else 500."""
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, int) and 400 <= code <= 599 else 500
