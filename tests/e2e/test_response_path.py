@@ -97,10 +97,12 @@ async def test_non_streamed_response_records_usage_and_ttft(stack):
     ttft_before = metric(stack, "inference_objective_request_ttft_seconds_count")
     in_before = metric(stack, "inference_objective_input_tokens_sum")
     body = {"model": "tiny", "prompt": "Tell me about JSON.", "max_tokens": 5}
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        async with session.post(stack.url + "/v1/completions", json=body) as r:
-            assert r.status == 200
-            reply = await r.json()
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+        session.post(stack.url + "/v1/completions", json=body) as r,
+    ):
+        assert r.status == 200
+        reply = await r.json()
     await wait_inflight_zero(stack)
     assert metric(stack, "inference_objective_request_ttft_seconds_count") == ttft_before + 1
     # The histogram took the server's own prompt count (usage), not the EPP's estimate.
@@ -123,9 +125,11 @@ async def test_upstream_error_status_passes_through_and_releases_inflight(stack)
     set_faults = urllib.request.Request(sim, data=b'{"fail_rate": 1.0}', method="POST")
     urllib.request.urlopen(set_faults, timeout=5).read()
     try:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            async with session.post(stack.url + "/v1/completions", json=STREAM) as r:
-                status, body = r.status, await r.read()
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(stack.url + "/v1/completions", json=STREAM) as r,
+        ):
+            status, body = r.status, await r.read()
     finally:
         reset = urllib.request.Request(sim, data=b'{"fail_rate": 0.0}', method="POST")
         urllib.request.urlopen(reset, timeout=5).read()
@@ -135,11 +139,13 @@ async def test_upstream_error_status_passes_through_and_releases_inflight(stack)
 
 async def test_upstream_dying_mid_stream_releases_inflight():
     with LocalStack(n_sims=1, sim_args=SIM_ARGS) as st:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            async with session.post(st.url + "/v1/completions", json=STREAM) as r:
-                await r.content.readany()
-                assert inflight(st) == 1
-                st.kill_sim(0)  # SIGKILL: the upstream connection resets mid-stream
-                with pytest.raises(aiohttp.ClientPayloadError):
-                    await r.read()
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(st.url + "/v1/completions", json=STREAM) as r,
+        ):
+            await r.content.readany()
+            assert inflight(st) == 1
+            st.kill_sim(0)  # SIGKILL: the upstream connection resets mid-stream
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
         await wait_inflight_zero(st)
