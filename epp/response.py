@@ -2,10 +2,10 @@
 
 `ResponseMeter.feed(chunk, now)` is called once per response body chunk on the request
 loop, so it must be cheap: it never parses the JSON of an ordinary token event. For an
-SSE stream (`text/event-stream`) it splits complete lines, and for each `data:` line asks
-one precompiled regex whether a choice carries text (`"content"`, `"text"`, reasoning or
-tool-call `"arguments"` with a non-empty string value); only the last event that names
-`"usage"` is kept raw and parsed once, when the response ends (vLLM sends it as the last
+SSE stream (`text/event-stream`) it keeps complete lines (a partial last line waits for the
+next chunk) and counts, in one regex scan, the choices that carry text (`"content"`,
+`"text"`, reasoning or tool-call `"arguments"` with a non-empty string value); only the
+last event that names `"usage"` is kept raw and parsed once, when the response ends (vLLM sends it as the last
 event when the client asked for `stream_options.include_usage`; with continuous usage
 stats every event has one and the last wins). An `"error"` event (a server that fails
 mid-stream, as vLLM and `epp sim` do) is parsed to mark the response failed. A plain JSON
@@ -88,18 +88,22 @@ class ResponseMeter:
             self._body_size += len(chunk)
             return False
         data = self._tail + chunk if self._tail else chunk
-        lines = data.split(b"\n")
-        self._tail = lines.pop()
-        tokens = 0
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, `event:` / `id:` fields
-            if _TOKEN.search(line) is not None:
-                tokens += 1
-            elif b'"usage"' not in line and b'"error"' in line:
-                self._read_error(line)
-            if b'"usage"' in line:
-                self._usage_line = line
+        cut = data.rfind(b"\n") + 1  # complete lines only; the rest waits for the next chunk
+        if cut < len(data):
+            self._tail, data = data[cut:], data[:cut]
+        else:
+            self._tail = b""
+        if not data:
+            return False
+        # One scan of the chunk: each match is one choice that carries output.
+        tokens = len(_TOKEN.findall(data))
+        usage_at = data.rfind(b'"usage"')
+        if usage_at >= 0:
+            self._usage_line = _line_at(data, usage_at)
+        elif not tokens and b'"error"' in data:
+            for line in data.split(b"\n"):
+                if line.startswith(b"data:") and b'"error"' in line:
+                    self._read_error(line)
         if not tokens:
             return False
         self.token_events += tokens
@@ -115,8 +119,9 @@ class ResponseMeter:
         if self._tail:
             self.feed(b"\n", now)
         if self.streamed:
-            if self._usage_line is not None:
-                obj = _json(self._usage_line[5:])
+            line = self._usage_line
+            if line is not None and line.startswith(b"data:"):
+                obj = _json(line[5:])
                 self.usage = Usage.from_json(obj.get("usage")) if isinstance(obj, dict) else None
             return False
         size, body = self._body_size, b"".join(self._body)
@@ -154,6 +159,12 @@ class ResponseMeter:
         obj = _json(line[5:])
         if isinstance(obj, dict) and "error" in obj and not obj.get("choices"):
             self.error_status = _error_status(obj["error"])
+
+
+def _line_at(data: bytes, pos: int) -> bytes:
+    start = data.rfind(b"\n", 0, pos) + 1
+    end = data.find(b"\n", pos)
+    return data[start : end if end >= 0 else len(data)]
 
 
 def _json(raw: bytes) -> object:

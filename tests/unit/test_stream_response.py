@@ -212,3 +212,12 @@ def test_response_path_off_still_passes_through_and_releases_at_the_end():
     assert ds.inflight("e0") == (1, PROMPT_TOKENS + OUTPUT_TOKENS)  # no meter: no first token
     s.handle(response_body(b"", True))
     assert ds.inflight("e0") == (0, 0) and records == [] and plugin.calls == []
+
+
+def test_response_chunk_above_62000_bytes_goes_back_split_and_unchanged():
+    s, _, _, _, _ = setup()
+    s.handle(response_headers(ctype="application/json"))
+    big = b"x" * 100_000
+    out = s.handle(response_body(big, True))
+    # 100,000 = 62,000 + 38,000; end_of_stream only on the last piece.
+    assert out == [passthrough(big[:62_000], False), passthrough(big[62_000:], True)]
