@@ -5,15 +5,17 @@ loop, so it must be cheap: it never parses the JSON of an ordinary token event. 
 SSE stream (`text/event-stream`) it keeps complete lines (a partial last line waits for the
 next chunk) and counts, in one regex scan, the choices that carry text (`"content"`,
 `"text"`, reasoning or tool-call `"arguments"` with a non-empty string value); only the
-last event that names `"usage"` is kept raw and parsed once, when the response ends (vLLM sends it as the last
-event when the client asked for `stream_options.include_usage`; with continuous usage
-stats every event has one and the last wins). An `"error"` event (a server that fails
+last event that names `"usage"` is kept raw and parsed once, when the response ends
+(vLLM sends it as the last event when the client asked for
+`stream_options.include_usage`; with continuous usage stats every event has one and the
+last wins). An `"error"` event (a server that fails
 mid-stream, as vLLM and `epp sim` do) is parsed to mark the response failed. A plain JSON
 body is buffered up to `max_json_bytes` and parsed at the end for its usage; its "first
 token" is the end of the body, since nothing reaches the client earlier.
 
 Times are whatever clock the caller passes; the meter never reads one (tests drive it).
-bench/overhead.py measures `feed` per chunk.
+bench/response_chunk.py measures `feed` per chunk (about 2 us, against 4-7 us for one
+`json.loads` of the same event; docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
