@@ -698,13 +698,14 @@ def response_table(rows: Rows, targets: list[Target], tokens: int) -> str:
             f"| {_med(r, 'envoy'):.3f} | {sum(x['errors'] for x in r):.0f} |"
         )
     on, off = rows["on"], rows["off"]
+    # CPU s per 1000 requests = CPU ms per request.
     epp = _med(on, "extproc_net") - _med(off, "extproc_net")
     env = _med(on, "envoy") - _med(off, "envoy")
     chunks = tokens + 2  # tokens, the usage event, [DONE] (as the sim writes them)
     out.append(
         f"\nresponse path on − off, per request of {tokens} streamed tokens: EPP "
-        f"{epp * 1e3:+.3f} ms CPU ({epp * 1e3 / chunks * 1e3:+.0f} us per response chunk, "
-        f"{chunks} chunks), Envoy {env * 1e3:+.3f} ms CPU; EPP CPU on/off "
+        f"{epp:+.3f} ms CPU ({epp * 1e3 / chunks:+.0f} us per response chunk, {chunks} "
+        f"chunks), Envoy {env:+.3f} ms CPU; EPP CPU on/off "
         f"{_med(on, 'extproc_net') / _med(off, 'extproc_net'):.2f}x (net of idle)"
     )
     return "\n".join(out)
