@@ -10,8 +10,11 @@ last event that names `"usage"` is kept raw and parsed once, when the response e
 `stream_options.include_usage`; with continuous usage stats every event has one and the
 last wins). An `"error"` event (a server that fails
 mid-stream, as vLLM and `epp sim` do) is parsed to mark the response failed. A plain JSON
-body is buffered up to `max_json_bytes` and parsed at the end for its usage; its "first
-token" is the end of the body, since nothing reaches the client earlier.
+body up to `max_json_bytes` (64 KiB: any completion of ordinary length) is kept and parsed
+at the end; a larger one (embeddings, long completions) keeps only its last 4 KiB, where
+OpenAI servers put `usage`, and that object alone is parsed, so memory and the parse stay
+bounded whatever the size. Its "first token" is the end of the body, since nothing
+reaches the client earlier.
 
 Times are whatever clock the caller passes; the meter never reads one (tests drive it).
 bench/response_chunk.py measures `feed` per chunk (about 2 us, against 4-7 us for one
@@ -29,7 +32,10 @@ from dataclasses import dataclass
 # or tool-call arguments, with a non-empty JSON string value. An escaped quote inside a
 # string (`\\"text\\":`) cannot match, since a backslash sits before the closing quote.
 _TOKEN = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)"\s*:\s*"(?!")')
-DEFAULT_MAX_JSON_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_JSON_BYTES = 64 * 1024
+_TAIL_BYTES = 4096
+# `"usage": {...}` with at most one nested object (prompt_tokens_details).
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +91,10 @@ class ResponseMeter:
     def feed(self, chunk: bytes, now: float) -> bool:
         """Take one body chunk; True when it carried the response's first token."""
         if not self.streamed:
-            if self._body_size <= self.max_json_bytes:
-                self._body.append(chunk)
             self._body_size += len(chunk)
+            self._body.append(chunk)
+            if self._body_size > self.max_json_bytes:  # keep the tail only, bounded
+                self._body = [b"".join(self._body)[-_TAIL_BYTES:]]
             return False
         data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n") + 1  # complete lines only; the rest waits for the next chunk
@@ -130,11 +137,17 @@ class ResponseMeter:
         self._body = []
         if not size:
             return False
-        obj = _json(body) if size <= self.max_json_bytes else None
-        if isinstance(obj, dict):
-            self.usage = Usage.from_json(obj.get("usage"))
-            if "error" in obj and "choices" not in obj:
-                self.error_status = _error_status(obj["error"])
+        if size > self.max_json_bytes:
+            found = _USAGE.search(body)
+            self.usage = Usage.from_json(_json(found.group(1))) if found else None
+        else:
+            obj = _json(body)
+            if isinstance(obj, dict):
+                self.usage = Usage.from_json(obj.get("usage"))
+                if "error" in obj and "choices" not in obj:
+                    self.error_status = _error_status(obj["error"])
+                elif obj.get("object") == "error":  # vLLM's older error shape
+                    self.error_status = _error_status(obj)
         self.token_events = 1
         self.first_token_at = self.last_token_at = now
         return True

@@ -97,8 +97,22 @@ def test_json_error_body_and_oversized_body_are_handled():
     m.feed(json.dumps({"error": {"message": "no", "code": 400}}).encode(), 1.0)
     m.finish(1.0)
     assert m.error_status == 400
-    big = ResponseMeter(streamed=False, max_json_bytes=10)
-    big.feed(json.dumps({"choices": [], "usage": USAGE}).encode(), 1.0)
-    big.finish(1.0)
-    assert big.usage is None  # too large to parse: no usage, but the end is still seen
-    assert big.first_token_at == 1.0
+    old_vllm = ResponseMeter(streamed=False)
+    old_vllm.feed(json.dumps({"object": "error", "message": "no", "code": 404}).encode(), 1.0)
+    old_vllm.finish(1.0)
+    assert old_vllm.error_status == 404
+
+
+def test_large_json_body_keeps_only_its_tail_and_still_finds_usage():
+    # An embeddings-sized body: 200,000 floats, usage last, as OpenAI servers write it.
+    body = json.dumps({"data": [{"embedding": [0.125] * 200_000}], "usage": USAGE}).encode()
+    m = ResponseMeter(streamed=False)
+    for i in range(0, len(body), 65_536):
+        m.feed(body[i : i + 65_536], 1.0)
+        assert sum(map(len, m._body)) <= 65_536 + 4096  # bounded: never the whole body
+    assert m.finish(2.0) is True
+    assert m.usage == Usage(12, 3, 8) and m.first_token_at == 2.0
+    no_usage = ResponseMeter(streamed=False, max_json_bytes=10)
+    no_usage.feed(json.dumps({"choices": [{"text": "x" * 100}]}).encode(), 1.0)
+    no_usage.finish(1.0)
+    assert no_usage.usage is None and no_usage.first_token_at == 1.0
