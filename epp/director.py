@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from epp.config.loader import LoadedConfig
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError, not_found, unavailable
-from epp.observability import REQUEST_ERRORS, REQUESTS_TOTAL, SCHEDULER_ATTEMPTS
+from epp.observability import (
+    REQUEST_ERRORS,
+    REQUESTS_TOTAL,
+    RUNNING_REQUESTS,
+    SCHEDULER_ATTEMPTS,
+)
 from epp.request import InferenceRequest
 from epp.scheduling.types import ProfileResult, SchedulingResult
 
@@ -41,6 +46,7 @@ class RoutingDecision:
     headers: dict[str, str] = field(default_factory=dict)
     result: SchedulingResult | None = None
     held: list[Hold] = field(default_factory=list)
+    model: str | None = None  # set for scheduled requests: the running-requests gauge label
     prefill_released: bool = False
     released: bool = False
 
@@ -104,8 +110,10 @@ class Director:
             destinations=[t.hostport for t in result.primary.targets],
             headers=dict(result.headers),
             result=result,
+            model=model,
         )
         self._hold(decision, request, result.profile_results.values())
+        RUNNING_REQUESTS.labels(model).inc()
         for plugin in self.config.pre_request:
             try:
                 plugin.pre_request(request, result)
@@ -150,6 +158,8 @@ class Director:
         if decision.released:
             return
         decision.released = True
+        if decision.model is not None:
+            RUNNING_REQUESTS.labels(decision.model).dec()
         prompt_done = decision.prefill_released
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens

@@ -221,3 +221,20 @@ def test_response_chunk_above_62000_bytes_goes_back_split_and_unchanged():
     out = s.handle(response_body(big, True))
     # 100,000 = 62,000 + 38,000; end_of_stream only on the last piece.
     assert out == [passthrough(big[:62_000], False), passthrough(big[62_000:], True)]
+
+
+def test_running_requests_gauge_follows_the_response():
+    from epp.observability import REGISTRY
+
+    def running():
+        labels = {"model_name": "m"}
+        return REGISTRY.get_sample_value("inference_objective_running_requests", labels) or 0.0
+
+    before = running()
+    s, _, _, _, _ = setup()
+    assert running() == before + 1  # routed, generating
+    s.handle(response_headers())
+    s.handle(response_body(token("a"), True))
+    assert running() == before
+    s.close()
+    assert running() == before  # once
