@@ -188,6 +188,7 @@ async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[
                 "kv_cache_usage": s.metrics.kv_cache_usage,
                 "inflight_requests": s.inflight_requests,
                 "inflight_tokens": s.inflight_tokens,
+                "inflight_prefill_tokens": s.inflight_prefill_tokens,
             }
             for s in ds.snapshot()
         ]
