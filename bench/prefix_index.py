@@ -25,11 +25,12 @@ import subprocess
 import sys
 import time
 
+from epp.composition import install_plugins
 from epp.datalayer.kvevents import BlockStored
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.request import new_request, parse_body
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import Handle
 from epp.scheduling.types import CycleState
 
 BLOCKS_PER_ENDPOINT = 31_250
@@ -65,7 +66,7 @@ def request(text: str):
 
 
 def build(type_name: str, params: dict | None = None):
-    spec = lookup(type_name)
+    spec = install_plugins().lookup(type_name)
     assert spec is not None
     return spec.build("bench", parse_params(spec.params, params), Handle(rng=random.Random(0)))
 

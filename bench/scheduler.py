@@ -15,6 +15,7 @@ import random
 import statistics
 import time
 
+from epp.composition import install_plugins
 from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
@@ -47,7 +48,11 @@ def build(n: int, seed: int = 0) -> Director:
                 update_time=now,
             ),
         )
-    return Director(ds, load_default_config(Handle(rng=random.Random(seed))), random.Random(seed))
+    return Director(
+        ds,
+        load_default_config(Handle(rng=random.Random(seed)), install_plugins()),
+        random.Random(seed),
+    )
 
 
 def measure(n: int, requests: int) -> dict[str, float]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from epp.scheduling import registry
+from epp.composition import install_plugins
 from epp.scheduling.params import describe
+from epp.scheduling.registry import NOT_YET_IMPLEMENTED
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,11 +14,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def render(type_name: str | None = None) -> str:
+    registry = install_plugins()
     specs = registry.all_specs()
     if type_name:
         spec = registry.lookup(type_name)
         if spec is None:
-            planned = registry.NOT_YET_IMPLEMENTED.get(type_name)
+            planned = NOT_YET_IMPLEMENTED.get(type_name)
             if planned:
                 return f"{type_name}: known upstream plugin, not implemented yet ({planned})"
             return f"{type_name}: unknown plugin type"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
 from epp.datalayer.endpoints_file import (
@@ -34,7 +35,7 @@ from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
 from epp.scheduling.interfaces import Lifecycle
-from epp.scheduling.registry import Handle
+from epp.scheduling.registry import Handle, PluginImportError
 
 log = logging.getLogger("epp")
 
@@ -66,7 +67,7 @@ class EppServer:
     ) -> None:
         self.options = options
         rng = random.Random(seed)
-        self.config = config or load_default_config(Handle(rng=rng))
+        self.config = config or load_default_config(Handle(rng=rng), install_plugins())
         self.datastore = Datastore(
             staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
         )
@@ -254,7 +255,12 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     if dupes:
         raise EndpointsError(f"duplicate endpoint names across --endpoints/--endpoint: {dupes}")
     handle = Handle(rng=random.Random(args.seed))
-    config = load_config_file(args.config, handle) if args.config else load_default_config(handle)
+    registry = install_plugins()
+    config = (
+        load_config_file(args.config, handle, registry)
+        if args.config
+        else load_default_config(handle, registry)
+    )
     for name in ("refresh_metrics_interval", "metrics_staleness_threshold", "scrape_timeout"):
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
@@ -283,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError) as e:
+    except (ConfigError, EndpointsError, PluginImportError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
     if not opts.endpoints and not opts.watch_file:

@@ -6,7 +6,7 @@ import random
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.request import InferenceRequest, new_request, parse_body
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 
 
 def snap(
@@ -39,7 +39,7 @@ def completion(prompt: str = "hello", model: str = "m", **extra: object) -> Infe
 
 
 def plugin(type_name: str, params: object = None, seed: int = 0, name: str | None = None):
-    spec = lookup(type_name)
+    spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
     from epp.scheduling.params import parse_params
 

@@ -13,7 +13,7 @@ from epp.config.loader import load_config_file
 from epp.datastore import EndpointSnapshot, with_metrics
 from epp.request import InferenceRequest, new_request, parse_body
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.scorers import lora_affinity
@@ -31,7 +31,7 @@ class FakeClock:
 
 
 def make(type_name: str, params: object = None, *, clock=None, seed: int = 0):
-    spec = lookup(type_name)
+    spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
     handle = Handle(rng=random.Random(seed), clock=clock or FakeClock())
     return spec.build(type_name, parse_params(spec.params, params), handle)
@@ -141,7 +141,7 @@ def test_session_custom_header_and_profile():
 
 
 def test_session_params_are_checked():
-    spec = lookup("session-affinity-scorer")
+    spec = PLUGIN_TYPES.lookup("session-affinity-scorer")
     with pytest.raises(ConfigError, match="evictionTtlSeconds must be > 0"):
         parse_params(spec.params, {"evictionTtlSeconds": 0})
     with pytest.raises(ConfigError, match="headerName"):
@@ -349,7 +349,7 @@ def test_affinity_ttft_gate_defaults_are_llm_d_and_zero_turns_it_off():
 
 
 def test_affinity_params_are_checked():
-    spec = lookup("prefix-cache-affinity-filter")
+    spec = PLUGIN_TYPES.lookup("prefix-cache-affinity-filter")
     with pytest.raises(ConfigError, match="peakPrefillThroughput must be > 0"):
         parse_params(spec.params, {"peakPrefillThroughput": 0})
     with pytest.raises(ConfigError, match="at most 1"):

@@ -14,7 +14,7 @@ from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
 from epp.datastore import Endpoint, with_metrics
 from epp.observability import REGISTRY
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.approx_index import ApproxPrefixIndex
 from plugins.prefix.hashing import chain_bytes, chain_seed, chain_tokens, token_bytes
@@ -28,7 +28,7 @@ EPS = [A, B, C]
 def producer(params: dict | None = None, handle: Handle | None = None):
     from epp.scheduling.params import parse_params
 
-    spec = lookup("approx-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("approx-prefix-cache-producer")
     assert spec is not None
     p = {"blockSizeTokens": 1, **(params or {})}
     return spec.build(

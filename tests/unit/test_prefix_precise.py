@@ -15,7 +15,7 @@ from epp.config.loader import load_config_text
 from epp.datalayer.kvevents import KVEventSubscriber
 from epp.datastore import Endpoint, with_metrics
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from epp.tokenizer import SimpleTokenizer
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
@@ -45,7 +45,7 @@ class Clock:
 
 
 def producer(params: dict | None = None, clock: Clock | None = None, pool=POOL):
-    spec = lookup("precise-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("precise-prefix-cache-producer")
     assert spec is not None
     handle = Handle(rng=random.Random(0), clock=clock or Clock(), pool=lambda: list(pool))
     prod = spec.build("precise", parse_params(spec.params, params), handle)
@@ -282,7 +282,7 @@ def test_speculative_indexing_can_be_turned_off():
 async def test_endpoints_leaving_the_pool_are_forgotten():
     pool = list(POOL)
     listeners: list = []
-    spec = lookup("precise-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("precise-prefix-cache-producer")
     assert spec is not None
 
     def subscribe(fn):
