@@ -48,11 +48,8 @@ def build(n: int, seed: int = 0) -> Director:
                 update_time=now,
             ),
         )
-    return Director(
-        ds,
-        load_default_config(Handle(rng=random.Random(seed)), install_plugins()),
-        random.Random(seed),
-    )
+    cfg = load_default_config(Handle(rng=random.Random(seed)), install_plugins())
+    return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(seed))
 
 
 def measure(n: int, requests: int) -> dict[str, float]:

@@ -13,11 +13,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from epp.config.loader import LoadedConfig
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError, not_found, unavailable
 from epp.observability import REQUEST_ERRORS, REQUESTS_TOTAL, SCHEDULER_ATTEMPTS
 from epp.request import InferenceRequest
+from epp.scheduling.interfaces import PreRequest
+from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import ProfileResult, SchedulingResult
 
 log = logging.getLogger("epp.director")
@@ -35,14 +36,19 @@ class RoutingDecision:
 
 
 class Director:
+    """Routes requests with `scheduler` over `datastore`'s endpoints; after a pick, runs
+    the `pre_request` hooks (e.g. a prefix index recording where the prompt went)."""
+
     def __init__(
         self,
         datastore: Datastore,
-        config: LoadedConfig,
+        scheduler: Scheduler,
+        pre_request: Sequence[PreRequest] = (),
         rng: random.Random | None = None,
     ) -> None:
         self.datastore = datastore
-        self.config = config
+        self.scheduler = scheduler
+        self.pre_request = tuple(pre_request)
         self.rng = rng or random.Random()
 
     def candidates(
@@ -79,7 +85,7 @@ class Director:
         model, target = request.model, request.target_model
         try:
             candidates = self.candidates(request, subset)
-            result = self.config.scheduler.schedule(request, candidates)
+            result = self.scheduler.schedule(request, candidates)
         except EppError as e:
             SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
@@ -95,7 +101,7 @@ class Director:
             result=result,
         )
         self._hold(decision, request, result.profile_results.values())
-        for plugin in self.config.pre_request:
+        for plugin in self.pre_request:
             try:
                 plugin.pre_request(request, result)
             except Exception:  # a broken hook must not lose the request

@@ -75,7 +75,9 @@ class EppServer:
         handle = self.config.handle
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
-        self.director = Director(self.datastore, self.config, rng)
+        self.director = Director(
+            self.datastore, self.config.scheduler, self.config.pre_request, rng
+        )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
         self._servers: list = []

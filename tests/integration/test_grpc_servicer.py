@@ -51,7 +51,8 @@ def chunks(body, n):
 async def epp():
     ds = Datastore(require_metrics=False)
     ds.set_endpoints([Endpoint(f"e{i}", "127.0.0.1", 9000 + i) for i in range(3)])
-    director = Director(ds, load_default_config(Handle(rng=random.Random(1))), random.Random(1))
+    cfg = load_default_config(Handle(rng=random.Random(1)))
+    director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(1))
     main, health, servicer, reporter, gport, hport = await start_grpc_servers(
         director, ds, "127.0.0.1", 0, 0
     )

@@ -273,11 +273,11 @@ def test_director_holds_both_endpoints_of_a_pd_request():
             Endpoint("d0", "10.0.0.2", 8000, {ROLE: "decode"}),
         ]
     )
-    decision = Director(ds, cfg).route(prompt(100), None)
+    decision = Director(ds, cfg.scheduler, cfg.pre_request).route(prompt(100), None)
     assert decision.destinations == ["10.0.0.2:8000"]
     assert decision.headers == {PREFILLER_HEADER: "10.0.0.1:8000"}
     assert ds.inflight("p0")[0] == 1 and ds.inflight("d0")[0] == 1
-    Director(ds, cfg).release(decision)
+    Director(ds, cfg.scheduler, cfg.pre_request).release(decision)
     assert ds.inflight("p0") == (0, 0) and ds.inflight("d0") == (0, 0)
 
 
@@ -300,7 +300,7 @@ def test_ext_proc_sets_the_header_and_never_forwards_a_client_copy():
         ]
     )
     cfg.scheduler = with_producer(cfg, info({}))
-    director = Director(ds, cfg)
+    director = Director(ds, cfg.scheduler, cfg.pre_request)
     client = {":path": "/v1/completions", ":method": "POST", PREFILLER_HEADER: "6.6.6.6:1"}
     # Long prompt: P/D, the header is ours (a set overwrites the client's).
     long_body = json.dumps({"model": "m", "prompt": "x" * 4000}).encode()
@@ -397,7 +397,7 @@ def test_shipped_pd_config_long_goes_pd_then_the_same_prompt_stays_on_its_decode
         [Endpoint(f"p{i}", f"10.0.0.{i + 1}", 8000, {ROLE: "prefill"}) for i in range(2)]
         + [Endpoint(f"d{i}", f"10.0.1.{i + 1}", 8000, {ROLE: "decode"}) for i in range(2)]
     )
-    director = Director(ds, cfg)
+    director = Director(ds, cfg.scheduler, cfg.pre_request)
     long = completion(" ".join(f"word{i}" for i in range(2000)))  # ~3.5K tokens
     first = director.route(long, None)
     director.release(first)

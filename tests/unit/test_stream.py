@@ -24,8 +24,12 @@ def make_director(n=2, models=None):
     if models is not None:
         for e in ds.endpoints():
             ds.set_models(e.name, models)
+    return director_for(ds), ds
+
+
+def director_for(ds: Datastore) -> Director:
     cfg = load_default_config(Handle(rng=random.Random(0)))
-    return Director(ds, cfg, random.Random(0)), ds
+    return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
 
 
 def headers_msg(headers: dict[str, str], eos=False, mode=MODES.FULL_DUPLEX_STREAMED, subset=None):
@@ -213,7 +217,7 @@ def test_subset_hint_restricts_and_empty_subset_is_503():
 
 def test_no_endpoints_is_503():
     ds = Datastore(require_metrics=False)
-    director = Director(ds, load_default_config(), random.Random(0))
+    director = director_for(ds)
     s = RequestStream(director, 1 << 20)
     s.handle(headers_msg(BASE_HEADERS))
     (resp,) = s.handle(body_msg(BODY, True))
@@ -228,7 +232,7 @@ def test_unhealthy_endpoints_are_skipped_while_a_healthy_one_exists():
     ds.update_metrics("a", EndpointMetrics(update_time=100.0))
     ds.update_metrics("b", EndpointMetrics(update_time=100.0))
     ds.mark_scrape_failed("b", "connection refused")
-    director = Director(ds, load_default_config(), random.Random(0))
+    director = director_for(ds)
     for _ in range(10):
         s = RequestStream(director, 1 << 20)
         s.handle(headers_msg(BASE_HEADERS))
