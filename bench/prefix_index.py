@@ -28,6 +28,7 @@ import time
 from epp.composition import install_plugins
 from epp.datalayer.kvevents import BlockStored
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
+from epp.headers import REQUEST_ID
 from epp.request import new_request, parse_body
 from epp.scheduling.params import parse_params
 from epp.scheduling.registry import Handle
@@ -62,7 +63,7 @@ def prompt(rng: random.Random, tokens: bool = False) -> str:
 
 def request(text: str):
     body = json.dumps({"model": "m", "prompt": text}).encode()
-    return parse_body(new_request({"x-request-id": "r"}, "/v1/completions", "POST"), body)
+    return parse_body(new_request({REQUEST_ID: "r"}, "/v1/completions", "POST"), body)
 
 
 def build(type_name: str, params: dict | None = None):

@@ -19,6 +19,7 @@ from epp.composition import install_plugins
 from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
+from epp.headers import REQUEST_ID
 from epp.request import new_request, parse_body
 from epp.scheduling.registry import Handle
 
@@ -58,7 +59,7 @@ def measure(n: int, requests: int) -> dict[str, float]:
     samples = []
     gc.collect()
     for _ in range(requests):
-        req = parse_body(new_request({"x-request-id": "r"}, "/v1/completions", "POST"), body)
+        req = parse_body(new_request({REQUEST_ID: "r"}, "/v1/completions", "POST"), body)
         t0 = time.perf_counter()
         decision = director.route(req, None)
         samples.append(time.perf_counter() - t0)

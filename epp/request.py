@@ -16,11 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.errors import bad_request
-
-HEADER_REQUEST_ID = "x-request-id"
-HEADER_OBJECTIVE = "x-gateway-inference-objective"
-HEADER_FAIRNESS_ID = "x-gateway-inference-fairness-id"
-HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
+from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
 
 # Upstream's estimate when no tokenizer is configured (GIE approximateprefix, llm-d deciders).
 CHARS_PER_TOKEN = 4
@@ -100,12 +96,12 @@ class InferenceRequest:
 def new_request(headers: Mapping[str, str], path: str, method: str) -> InferenceRequest:
     """A request from its headers alone; the body, if any, is added by `parse_body`."""
     return InferenceRequest(
-        request_id=headers.get(HEADER_REQUEST_ID) or str(uuid.uuid4()),
+        request_id=headers.get(REQUEST_ID) or str(uuid.uuid4()),
         path=path,
         method=method,
         headers=headers,
-        objective=headers.get(HEADER_OBJECTIVE) or None,
-        fairness_id=headers.get(HEADER_FAIRNESS_ID) or None,
+        objective=headers.get(OBJECTIVE) or None,
+        fairness_id=headers.get(FAIRNESS_ID) or None,
     )
 
 
@@ -136,7 +132,7 @@ def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
     req.body = body
     req.api = api_for_path(req.path)
     req.model = model
-    req.target_model = req.headers.get(HEADER_MODEL_REWRITE) or model
+    req.target_model = req.headers.get(MODEL_REWRITE) or model
     req.stream = _bool_field(body, "stream")
     req.max_tokens = _max_tokens(body)
     salt = body.get("cache_salt")

@@ -27,7 +27,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, too_large
 from epp.extproc import messages as m
-from epp.request import HEADER_REQUEST_ID, InferenceRequest, new_request, parse_body
+from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
+from epp.request import InferenceRequest, new_request, parse_body
 
 log = logging.getLogger("epp.extproc")
 
@@ -97,7 +98,7 @@ class RequestStream:
             raise EppError(400, "request headers received twice on one stream")
         headers = m.header_map(msg.request_headers)
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
-        self._generated_id = HEADER_REQUEST_ID not in headers or not headers[HEADER_REQUEST_ID]
+        self._generated_id = REQUEST_ID not in headers or not headers[REQUEST_ID]
         self.request = req
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
@@ -169,10 +170,10 @@ class RequestStream:
     # ---- helpers ----------------------------------------------------------
     def _routing_headers(self, body: bytes | None) -> dict[str, str]:
         assert self.decision is not None and self.request is not None
-        out = {m.DESTINATION_HEADER: self.decision.destinations[0]}
+        out = {DESTINATION_ENDPOINT: self.decision.destinations[0]}
         out.update(self.decision.headers)
         if self._generated_id:
-            out[HEADER_REQUEST_ID] = self.request.request_id
+            out[REQUEST_ID] = self.request.request_id
         if body is not None:
             out["content-length"] = str(len(body))
         return out
@@ -183,7 +184,7 @@ class RequestStream:
         return [
             h
             for h in m.CLIENT_FORBIDDEN_HEADERS
-            if h != m.DESTINATION_HEADER and h not in self.decision.headers
+            if h != DESTINATION_ENDPOINT and h not in self.decision.headers
         ]
 
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:

@@ -37,11 +37,10 @@ answered 500), `metrics` (false: /metrics never answers), `healthy` (false: /hea
 from epp.sim.cluster import SimCluster
 from epp.sim.config import Faults, KVEventsConfig, SimConfig
 from epp.sim.presets import config_for
-from epp.sim.server import SERVER_HEADER, SimServer
+from epp.sim.server import SimServer
 from epp.sim.tokenizer import count_tokens
 
 __all__ = [
-    "SERVER_HEADER",
     "Faults",
     "KVEventsConfig",
     "SimCluster",

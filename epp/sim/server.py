@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from epp.headers import SIM_SERVER
 from epp.sim import pd
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
@@ -44,7 +45,6 @@ from epp.sim.tokenizer import filler_ids, filler_text, filler_token, shared_toke
 
 log = logging.getLogger("epp.sim")
 
-SERVER_HEADER = "x-sim-server"
 
 # How often (real seconds) the server checks whether waiting clients have gone, and a
 # hung /metrics whether it may answer after all.
@@ -219,7 +219,7 @@ class SimServer:
     # -- plumbing --------------------------------------------------------------
 
     async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
-        response.headers[SERVER_HEADER] = self.name
+        response.headers[SIM_SERVER] = self.name
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -11,6 +11,7 @@ import pytest
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_file
 from epp.datastore import EndpointSnapshot, with_metrics
+from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest, new_request, parse_body
 from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
@@ -69,7 +70,7 @@ A, B, C, D = snap("a"), snap("b"), snap("c"), snap("d")
 # ---- session-affinity-scorer ------------------------------------------------------
 
 
-def sess(sid: str, header: str = "x-session-token") -> InferenceRequest:
+def sess(sid: str, header: str = SESSION_TOKEN) -> InferenceRequest:
     return req(headers={header: sid})
 
 

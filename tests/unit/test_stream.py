@@ -13,6 +13,15 @@ from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
 from epp.extproc import messages as m
 from epp.extproc.stream import Phase, RequestStream
+from epp.headers import (
+    DESTINATION_ENDPOINT,
+    DESTINATION_SUBSET,
+    LB_METADATA_NAMESPACE,
+    MODEL_REWRITE,
+    PREFILLER_HOST_PORT,
+    REQUEST_ID,
+    SUBSET_HINT_NAMESPACE,
+)
 from epp.scheduling.registry import Handle
 
 MODES = processing_mode_pb2.ProcessingMode
@@ -45,8 +54,8 @@ def headers_msg(headers: dict[str, str], eos=False, mode=MODES.FULL_DUPLEX_STREA
         protocol_config=pb.ProtocolConfiguration(request_body_mode=mode),
     )
     if subset is not None:
-        ns = msg.metadata_context.filter_metadata[m.SUBSET_NAMESPACE]
-        lst = ns.fields[m.SUBSET_KEY].list_value
+        ns = msg.metadata_context.filter_metadata[SUBSET_HINT_NAMESPACE]
+        lst = ns.fields[DESTINATION_SUBSET].list_value
         for s in subset:
             lst.values.add().string_value = s
     return msg
@@ -56,16 +65,16 @@ def body_msg(data: bytes, eos: bool):
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=eos))
 
 
-BASE_HEADERS = {":path": "/v1/completions", ":method": "POST", "x-request-id": "rid-7"}
+BASE_HEADERS = {":path": "/v1/completions", ":method": "POST", REQUEST_ID: "rid-7"}
 BODY = json.dumps({"model": "m", "prompt": "hello there"}).encode()
 
 
 def expected_headers_response(dest: str, extra: dict[str, str], length: int | None):
-    set_headers = {m.DESTINATION_HEADER: dest, **extra}
+    set_headers = {DESTINATION_ENDPOINT: dest, **extra}
     if length is not None:
         set_headers["content-length"] = str(length)
     return m.headers_response(
-        m.header_mutation(set_headers, [m.PREFILL_HEADER]),
+        m.header_mutation(set_headers, [PREFILLER_HOST_PORT]),
         clear_route_cache=True,
         metadata=m.destination_metadata([dest]),
     )
@@ -115,14 +124,14 @@ def test_large_body_is_returned_in_62000_byte_streamed_chunks():
 def test_client_routing_headers_are_overwritten_and_removed():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
-    hdrs = {**BASE_HEADERS, m.DESTINATION_HEADER: "6.6.6.6:1", m.PREFILL_HEADER: "6.6.6.6:2"}
+    hdrs = {**BASE_HEADERS, DESTINATION_ENDPOINT: "6.6.6.6:1", PREFILLER_HOST_PORT: "6.6.6.6:2"}
     s.handle(headers_msg(hdrs))
     out = s.handle(body_msg(BODY, True))
     mut = out[0].request_headers.response.header_mutation
-    dest = [h.header.raw_value for h in mut.set_headers if h.header.key == m.DESTINATION_HEADER]
+    dest = [h.header.raw_value for h in mut.set_headers if h.header.key == DESTINATION_ENDPOINT]
     assert dest[0] != b"6.6.6.6:1"
     assert mut.set_headers[0].append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-    assert list(mut.remove_headers) == [m.PREFILL_HEADER]
+    assert list(mut.remove_headers) == [PREFILLER_HOST_PORT]
 
 
 def test_request_id_generated_and_injected_when_absent():
@@ -134,13 +143,13 @@ def test_request_id_generated_and_injected_when_absent():
         h.header.key: h.header.raw_value.decode()
         for h in out[0].request_headers.response.header_mutation.set_headers
     }
-    assert keys["x-request-id"] == s.request.request_id and len(keys["x-request-id"]) == 36
+    assert keys[REQUEST_ID] == s.request.request_id and len(keys[REQUEST_ID]) == 36
 
 
 def test_model_rewrite_changes_body_and_content_length():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
-    s.handle(headers_msg({**BASE_HEADERS, "x-gateway-model-name-rewrite": "m-longer-name"}))
+    s.handle(headers_msg({**BASE_HEADERS, MODEL_REWRITE: "m-longer-name"}))
     out = s.handle(body_msg(BODY, True))
     new_body = out[1].request_body.response.body_mutation.streamed_response.body
     assert json.loads(new_body)["model"] == "m-longer-name"
@@ -254,17 +263,17 @@ def test_buffered_mode_answers_headers_first_then_routes_on_body():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
     (first,) = s.handle(
-        headers_msg({**BASE_HEADERS, m.DESTINATION_HEADER: "6.6.6.6:1"}, mode=MODES.BUFFERED)
+        headers_msg({**BASE_HEADERS, DESTINATION_ENDPOINT: "6.6.6.6:1"}, mode=MODES.BUFFERED)
     )
     assert first == m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))
     (resp,) = s.handle(body_msg(BODY, True))
     common = resp.request_body.response
     assert common.clear_route_cache
-    assert common.header_mutation.set_headers[0].header.key == m.DESTINATION_HEADER
+    assert common.header_mutation.set_headers[0].header.key == DESTINATION_ENDPOINT
     assert not common.HasField("body_mutation")  # body unchanged: no mutation
     assert (
-        resp.dynamic_metadata.fields["envoy.lb"]
-        .struct_value.fields[m.DESTINATION_HEADER]
+        resp.dynamic_metadata.fields[LB_METADATA_NAMESPACE]
+        .struct_value.fields[DESTINATION_ENDPOINT]
         .string_value
     )
 
