@@ -112,9 +112,7 @@ def approx_latency(n: int, iterations: int, tokenizer: str | None = None) -> dic
     hashes = prod.hashes(req, block)
     prod.index.add("ep-0", hashes[: len(hashes) // 2])  # half the prompt cached on ep-0
     snaps = snapshots(n)
-    state = CycleState()
-    prod.produce(state, req, snaps)
-    info = state.read("approx-prefix-cache-producer")
+    info = prod.produce(CycleState(), req, snaps)
     return {
         "endpoints": n,
         "tokenizer": tokenizer or "none (characters)",
@@ -134,9 +132,7 @@ def precise_latency(n: int, iterations: int) -> dict:
     half = (len(ids) // 32) * 16
     prod.index.apply("ep-0", "m", [BlockStored(list(range(half // 16)), None, ids[:half], 16)])
     snaps = snapshots(n)
-    state = CycleState()
-    prod.produce(state, req, snaps)
-    info = state.read("precise-prefix-cache-producer")
+    info = prod.produce(CycleState(), req, snaps)
     t0 = time.perf_counter()
     for _ in range(50):
         prod.tokenizer.encode(req.prompt_text)

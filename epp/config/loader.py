@@ -196,7 +196,9 @@ def build(
         raise ConfigError("flowControl", FEATURE_GATES["flowControl"] or "")
 
     plugins = _instantiate_plugins(data.get("plugins"), handle, registry)
-    _create_missing_producers(plugins, handle, registry)
+    configured = len(plugins)
+    created_for = _create_missing_producers(plugins, handle, registry)
+    _check_producer_keys(plugins, configured, created_for)
     handle.plugins.update(plugins)
     for ref_field in ("saturationDetector", "parser"):
         section = data.get(ref_field)
@@ -279,7 +281,7 @@ def _instantiate_plugins(specs: Any, handle: Handle, registry: Registry) -> dict
 
 def _create_missing_producers(
     plugins: dict[str, Plugin], handle: Handle, registry: Registry
-) -> None:
+) -> dict[str, Plugin]:
     """A consumer configured without its producer gets one, with the consumer's parameters.
 
     Upstream does the same (configs written before producers existed put the prefix
@@ -288,8 +290,9 @@ def _create_missing_producers(
     consumer would configure nothing, so they must equal the producer's or be absent.
     """
     index = {name: i for i, name in enumerate(plugins)}
+    created_for: dict[str, Plugin] = {}
     for consumer in list(plugins.values()):
-        wanted = consumer.producer_type
+        wanted = getattr(consumer, "producer_type", None)
         if not wanted:
             continue
         spec = registry.lookup(wanted)
@@ -310,6 +313,41 @@ def _create_missing_producers(
             continue
         name = spec.type_name if spec.type_name not in plugins else f"{spec.type_name}-auto"
         plugins[name] = spec.build(name, params if given else spec.params(), handle)
+        created_for[name] = consumer
+    return created_for
+
+
+def _check_producer_keys(
+    plugins: dict[str, Plugin], configured: int, created_for: dict[str, Plugin]
+) -> None:
+    """Each producer declares the one CycleState key it writes; two writing one key would
+    silently overwrite each other, so that is refused here, at start."""
+    writers: dict[str, Plugin] = {}
+    for i, plugin in enumerate(plugins.values()):
+        if not callable(getattr(plugin, "produce", None)):
+            continue
+        path = f"plugins[{i}]" if i < configured else "plugins"
+        key = getattr(plugin, "produces", None)
+        if not isinstance(key, str) or not key:
+            raise ConfigError(
+                path,
+                f"data producer {plugin!r} declares no `produces` key (the CycleState key "
+                "its result is written under); set the class attribute `produces`",
+            )
+        first = writers.setdefault(key, plugin)
+        if first is not plugin:
+            raise ConfigError(
+                path,
+                f"{_producer_label(plugin, created_for)} and "
+                f"{_producer_label(first, created_for)} both produce {key!r}; a scheduling "
+                "cycle holds one value per key, so one would silently replace the other. "
+                "Keep one producer of that key (and the consumers that need that producer)",
+            )
+
+
+def _producer_label(plugin: Plugin, created_for: dict[str, Plugin]) -> str:
+    consumer = created_for.get(plugin.name)
+    return f"{plugin!r} (created for {consumer!r})" if consumer is not None else repr(plugin)
 
 
 def _check_ref_section(section: Any, path: str, plugins: dict[str, Plugin]) -> None:

@@ -44,7 +44,7 @@ class Scheduler:
             state = CycleState()
             for producer, timer in zip(self.producers, self._producer_timers, strict=True):
                 t = time.perf_counter()
-                producer.produce(state, request, candidates)
+                state.write(producer.produces, producer.produce(state, request, candidates))
                 timer.observe(time.perf_counter() - t)
             results: dict[str, ProfileResult | None] = {}
             for _ in range(_MAX_ROUNDS):

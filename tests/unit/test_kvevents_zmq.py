@@ -71,7 +71,7 @@ def score(prod, pool: Pool) -> dict[str, float]:
 
     state = CycleState()
     snaps = snapshots(pool)
-    prod.produce(state, completion(PROMPT, model="m"), snaps)
+    state.write(prod.produces, prod.produce(state, completion(PROMPT, model="m"), snaps))
     scores = plugin("precise-prefix-cache-scorer").score(state, completion(), snaps)
     return {s.name: v for s, v in zip(snaps, scores, strict=True)}
 

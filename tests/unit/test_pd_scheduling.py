@@ -68,13 +68,13 @@ class FixedMatches:
     """A stand-in prefix producer: writes the given match info into the cycle."""
 
     name = type_name = "fixed-matches"
+    produces = PREFIX_MATCH_KEY
 
     def __init__(self, info: PrefixMatchInfo | None) -> None:
         self.info = info
 
     def produce(self, state, request, endpoints):
-        if self.info is not None:
-            state.write(PREFIX_MATCH_KEY, self.info)
+        return self.info
 
 
 def with_producer(cfg, info: PrefixMatchInfo | None) -> Scheduler:

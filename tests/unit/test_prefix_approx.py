@@ -37,17 +37,14 @@ def producer(params: dict | None = None, handle: Handle | None = None):
 
 
 def match(prod, request, endpoints=EPS) -> PrefixMatchInfo:
-    state = CycleState()
-    prod.produce(state, request, endpoints)
-    info = state.read(PREFIX_MATCH_KEY)
-    assert state.read("approx-prefix-cache-producer") is info
-    return info
+    assert prod.produces == PREFIX_MATCH_KEY
+    return prod.produce(CycleState(), request, endpoints)
 
 
 def route(prod, request, picks: dict[str, list], primary: str = "default", endpoints=EPS):
     """produce, then pre_request as if the profiles in `picks` chose those targets."""
     state = CycleState()
-    prod.produce(state, request, endpoints)
+    state.write(prod.produces, prod.produce(state, request, endpoints))
     results = {name: (ProfileResult(t) if t is not None else None) for name, t in picks.items()}
     prod.pre_request(request, SchedulingResult(results, primary, cycle_state=state))
     return state.read(PREFIX_MATCH_KEY)

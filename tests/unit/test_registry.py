@@ -15,6 +15,7 @@ import pytest
 import plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
+from epp.scheduling.interfaces import Plugin
 from epp.scheduling.registry import PluginImportError, Registry, plugin_classes, register
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +149,19 @@ def test_a_broken_entry_point_names_itself_and_registers_nothing(tmp_path, monke
 def _with_builtins(reg: Registry) -> Registry:
     plugins.register_builtins(reg)
     return reg
+
+
+def test_a_producer_without_a_declared_key_is_refused():
+    @register("keyless-producer")
+    class Keyless(Plugin):
+        def __init__(self, name, params, handle):
+            super().__init__(name)
+
+        def produce(self, state, request, endpoints):
+            return {}
+
+    reg = _with_builtins(Registry())
+    reg.add(Keyless)
+    with pytest.raises(ConfigError, match="declares no `produces` key") as e:
+        load_config_text("plugins:\n- type: keyless-producer\n", registry=reg)
+    assert e.value.path == "plugins[0]"
