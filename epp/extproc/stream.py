@@ -25,7 +25,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.director import Director, RoutingDecision
-from epp.errors import EppError, too_large
+from epp.errors import EppError, internal_error, too_large
 from epp.extproc import messages as m
 from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
 from epp.request import InferenceRequest, new_request, parse_body
@@ -84,6 +84,10 @@ class RequestStream:
                 return [m.response_trailers_passthrough()]
         except EppError as e:
             return self._reject(e)
+        except Exception as e:  # a bug must cost this request a 500, not the whole stream
+            error = internal_error(f"unexpected {type(e).__name__} in the endpoint picker")
+            error.__cause__ = e
+            return self._reject(error)
         log.warning("ignoring ext_proc message of unknown kind %r", kind)
         return []
 
@@ -191,5 +195,8 @@ class RequestStream:
         self.phase = Phase.REJECTED
         self._chunks = []
         rid = self.request.request_id if self.request else "-"
-        log.info("request %s refused: %s", rid, error)
+        if error.status >= 500 and error.__cause__ is not None:
+            log.error("request %s failed: %s", rid, error, exc_info=error.__cause__)
+        else:
+            log.info("request %s refused: %s", rid, error)
         return [m.immediate_response(error)]
