@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError, not_found, unavailable
-from epp.observability import REQUEST_ERRORS, REQUESTS_TOTAL, SCHEDULER_ATTEMPTS
+from epp.observability import (
+    REQUEST_ERRORS,
+    REQUESTS_TOTAL,
+    SCHEDULER_ATTEMPTS,
+    model_label,
+)
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import PreRequest
 from epp.scheduling.scheduler import Scheduler
@@ -82,7 +87,9 @@ class Director:
 
     def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
         """Schedule a parsed request; raises EppError for any refusal."""
-        model, target = request.model, request.target_model
+        served = self.datastore.served_models()
+        model = model_label(request.model, served)
+        target = model_label(request.target_model, served)
         try:
             candidates = self.candidates(request, subset)
             result = self.scheduler.schedule(request, candidates)
