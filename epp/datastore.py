@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 ROLE_LABEL = "llm-d.ai/role"
 
@@ -285,8 +285,3 @@ class Datastore:
                 )
             out.append(snap)
         return out
-
-
-def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
-    """A copy of `snap` with some metric fields changed (handy in tests and producers)."""
-    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

@@ -54,7 +54,6 @@ class InferenceRequest:
     api: str = API_NONE
     headers: Mapping[str, str] = field(default_factory=dict)
     body: dict[str, Any] | None = None
-    raw_body: bytes = b""
     model: str = ""
     target_model: str = ""
     prompt_text: str = ""
@@ -128,7 +127,6 @@ def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
     if not isinstance(model, str) or not model:
         raise bad_request("field 'model' must be a non-empty string")
 
-    req.raw_body = raw
     req.body = body
     req.api = api_for_path(req.path)
     req.model = model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.request import InferenceRequest, new_request, parse_body
@@ -46,3 +47,8 @@ def plugin(type_name: str, params: object = None, seed: int = 0, name: str | Non
     return spec.build(
         name or type_name, parse_params(spec.params, params), Handle(rng=random.Random(seed))
     )
+
+
+def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
+    """A copy of `snap` with some metric fields changed."""
+    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

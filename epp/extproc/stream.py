@@ -58,7 +58,6 @@ class RequestStream:
         self._chunks: list[bytes] = []
         self._size = 0
         self._generated_id = False
-        self._awaiting_trailers = False
 
     # ---- entry points -----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:

@@ -41,7 +41,3 @@ class PrefixMatchInfo:
 
     def cached_tokens(self, endpoint_name: str) -> int:
         return self.cached_blocks.get(endpoint_name, 0) * self.block_size_tokens
-
-    @property
-    def any_hit(self) -> bool:
-        return any(v > 0 for v in self.cached_blocks.values())

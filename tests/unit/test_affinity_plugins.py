@@ -10,7 +10,7 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_file
-from epp.datastore import EndpointSnapshot, with_metrics
+from epp.datastore import EndpointSnapshot
 from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest, new_request, parse_body
 from epp.scheduling.params import parse_params
@@ -18,7 +18,7 @@ from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.scorers import lora_affinity
-from tests.helpers import snap
+from tests.helpers import snap, with_metrics
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 

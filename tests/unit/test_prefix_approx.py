@@ -12,14 +12,14 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
-from epp.datastore import Endpoint, with_metrics
+from epp.datastore import Endpoint
 from epp.observability import REGISTRY
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.approx_index import ApproxPrefixIndex
 from plugins.prefix.hashing import chain_bytes, chain_seed, chain_tokens, token_bytes
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
-from tests.helpers import completion, snap
+from tests.helpers import completion, snap, with_metrics
 
 A, B, C = snap("a"), snap("b"), snap("c")
 EPS = [A, B, C]

@@ -13,13 +13,13 @@ import pytest
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
 from epp.datalayer.kvevents import KVEventSubscriber
-from epp.datastore import Endpoint, with_metrics
+from epp.datastore import Endpoint
 from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from epp.tokenizer import SimpleTokenizer
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
-from tests.helpers import completion, snap
+from tests.helpers import completion, snap, with_metrics
 from tests.unit.test_kvevents import (
     message,
     removed_array,
