@@ -39,7 +39,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self.open_streams += 1
         try:
             async for msg in request_iterator:
-                for resp in stream.handle(msg):
+                for resp in await stream.handle_async(msg):
                     yield resp
         finally:
             self.open_streams -= 1

@@ -1,7 +1,10 @@
 """One ext_proc stream (= one HTTP request) as an explicit state machine.
 
 `handle(message) -> responses` is synchronous and pure apart from the director's
-accounting, so tests drive it with exact protobufs and compare exact protobufs.
+accounting, so tests drive it with exact protobufs and compare exact protobufs. The
+gRPC servicer calls `handle_async`, the same but for one thing: a body larger than
+PARSE_OFF_LOOP_BYTES is parsed in a worker thread, so one huge request does not stall
+every other stream on the event loop for the whole parse.
 
 Body modes differ in what Envoy waits for:
 - FULL_DUPLEX_STREAMED (what gateways use): Envoy streams headers and body chunks
@@ -18,6 +21,7 @@ Body modes differ in what Envoy waits for:
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 
@@ -31,6 +35,13 @@ from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
 from epp.request import InferenceRequest, new_request, parse_body
 
 log = logging.getLogger("epp.extproc")
+
+# Above this many body bytes the JSON parse (and the re-serialisation a model rewrite
+# needs) runs in a worker thread. Measured with bench/parse_offload.py (docs/BENCHMARKS.md):
+# below it the parse costs the loop a few ms at most, less than the hand-off; from 1 MiB
+# the thread cuts the loop's longest stall 3x. json.loads itself holds the GIL, so a huge
+# body still stalls the loop for that one call: the body-size limit bounds it.
+PARSE_OFF_LOOP_BYTES = 256 * 1024
 
 _MODES = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _MODES.FULL_DUPLEX_STREAMED
@@ -58,6 +69,9 @@ class RequestStream:
         self._chunks: list[bytes] = []
         self._size = 0
         self._generated_id = False
+        # (raw body, parse outcome) when handle_async parsed the body in a worker thread
+        self._preparsed: tuple[bytes, tuple[InferenceRequest, bytes | None] | Exception] | None
+        self._preparsed = None
 
     # ---- entry points -----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -89,6 +103,35 @@ class RequestStream:
             return self._reject(error)
         log.warning("ignoring ext_proc message of unknown kind %r", kind)
         return []
+
+    async def handle_async(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        """`handle`, with a large body parsed in a worker thread."""
+        raw = self._large_final_body(msg)
+        if raw is not None:
+            assert self.request is not None
+            try:
+                outcome: tuple[InferenceRequest, bytes | None] | Exception
+                outcome = await asyncio.to_thread(_parse, self.request, raw)
+            except Exception as e:  # raised again by _complete, on the usual error path
+                outcome = e
+            self._preparsed = (raw, outcome)
+        return self.handle(msg)
+
+    def _large_final_body(self, msg: pb.ProcessingRequest) -> bytes | None:
+        """The whole body if `msg` completes one of PARSE_OFF_LOOP_BYTES..max_body_bytes."""
+        if self.phase is not Phase.GATHER_BODY:
+            return None
+        kind = msg.WhichOneof("request")
+        if kind == "request_body" and msg.request_body.end_of_stream:
+            parts = [*self._chunks, msg.request_body.body]
+        elif kind == "request_trailers":
+            parts = self._chunks
+        else:
+            return None
+        size = sum(map(len, parts))
+        if not PARSE_OFF_LOOP_BYTES < size <= self.max_body_bytes:
+            return None
+        return b"".join(parts)
 
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
@@ -142,13 +185,20 @@ class RequestStream:
 
     def _complete(self, trailers: bool) -> list[pb.ProcessingResponse]:
         assert self.request is not None
-        raw = b"".join(self._chunks)
         n_chunks = len(self._chunks)
-        self._chunks = []
-        req = parse_body(self.request, raw)
+        preparsed, self._preparsed = self._preparsed, None
+        if preparsed is None:
+            raw = b"".join(self._chunks)
+            self._chunks = []
+            req, new_body = _parse(self.request, raw)
+        else:
+            raw, outcome = preparsed
+            self._chunks = []
+            if isinstance(outcome, Exception):
+                raise outcome
+            req, new_body = outcome
         self.decision = self.director.route(req, self.subset)
         self.phase = Phase.ROUTED
-        new_body = req.body_for_upstream()
         body = new_body if new_body is not None else raw
         mutation = m.header_mutation(self._routing_headers(body), self._removals())
         metadata = m.destination_metadata(self.decision.destinations)
@@ -199,3 +249,9 @@ class RequestStream:
         else:
             log.info("request %s refused: %s", rid, error)
         return [m.immediate_response(error)]
+
+
+def _parse(request: InferenceRequest, raw: bytes) -> tuple[InferenceRequest, bytes | None]:
+    """The request parsed from `raw`, and the body to forward if the model changes."""
+    req = parse_body(request, raw)
+    return req, req.body_for_upstream()

@@ -1,5 +1,6 @@
 """The ext_proc state machine, driven with exact protobufs and checked on exact protobufs."""
 
+import asyncio
 import json
 import random
 
@@ -12,7 +13,7 @@ from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
 from epp.extproc import messages as m
-from epp.extproc.stream import Phase, RequestStream
+from epp.extproc.stream import PARSE_OFF_LOOP_BYTES, Phase, RequestStream
 from epp.headers import (
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
@@ -311,3 +312,69 @@ def test_response_phases_pass_through():
     assert s.handle(pb.ProcessingRequest(response_trailers=pb.HttpTrailers())) == [
         pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
     ]
+
+
+# ---- large bodies: parsed in a worker thread ------------------------------------------
+LARGE = json.dumps({"model": "m", "prompt": "tell me a story " * 20_000}).encode()  # 320 KB
+
+
+async def run_counting_yields(stream: RequestStream, msgs) -> tuple[list, int]:
+    """Feed `msgs` through handle_async; count the loop turns another task got meanwhile
+    (0 means the whole stream ran without giving the loop back)."""
+    turns = 0
+    done = False
+
+    async def other_stream():
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_stream())
+    await asyncio.sleep(0)
+    start = turns
+    out = []
+    for msg in msgs:
+        out += await stream.handle_async(msg)
+    done = True
+    await task
+    return out, turns - start
+
+
+@pytest.mark.parametrize(
+    ("extra", "body", "trailers"),
+    [
+        ({}, LARGE, False),
+        ({MODEL_REWRITE: "m-longer-name"}, LARGE, False),  # re-serialised in the thread too
+        ({}, LARGE, True),  # the body ends with trailers, not end_of_stream
+        ({}, b"{" + b" " * (PARSE_OFF_LOOP_BYTES + 1), False),  # invalid JSON: the same 400
+    ],
+)
+async def test_a_large_body_is_parsed_off_the_loop_with_the_same_answer(extra, body, trailers):
+    assert len(body) > PARSE_OFF_LOOP_BYTES
+    tail = [body_msg(body, False), pb.ProcessingRequest(request_trailers=pb.HttpTrailers())]
+    msgs = [headers_msg({**BASE_HEADERS, **extra}), *(tail if trailers else [body_msg(body, True)])]
+    sync_director, _ = make_director()
+    sync_stream = RequestStream(sync_director, 1 << 20)
+    expected = [r for msg in msgs for r in sync_stream.handle(msg)]
+    async_director, _ = make_director()
+    got, turns = await run_counting_yields(RequestStream(async_director, 1 << 20), msgs)
+    assert got == expected
+    assert turns >= 1  # the loop ran something else while the body was parsed
+
+
+async def test_a_small_body_is_parsed_on_the_loop():
+    director, _ = make_director()
+    msgs = [headers_msg(BASE_HEADERS), body_msg(BODY, True)]
+    got, turns = await run_counting_yields(RequestStream(director, 1 << 20), msgs)
+    assert got[0].HasField("request_headers")
+    assert turns == 0  # no hand-off for a body this small
+
+
+async def test_a_body_over_the_limit_is_refused_before_any_parse():
+    director, _ = make_director()
+    stream = RequestStream(director, PARSE_OFF_LOOP_BYTES + 10)
+    msgs = [headers_msg(BASE_HEADERS), body_msg(LARGE, True)]
+    (resp,), turns = await run_counting_yields(stream, msgs)
+    assert resp.immediate_response.status.code == 413
+    assert turns == 0
