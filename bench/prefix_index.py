@@ -26,7 +26,7 @@ import sys
 import time
 
 from epp.composition import install_plugins
-from epp.datalayer.kvevents import BlockStored
+from epp.datalayer.kv_decode import BlockStored
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.headers import REQUEST_ID
 from epp.request import new_request, parse_body
