@@ -31,6 +31,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, too_large
 from epp.extproc import messages as m
+from epp.extproc.refusals import RefusalLog
 from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
 from epp.request import InferenceRequest, new_request, parse_body
 
@@ -42,6 +43,9 @@ log = logging.getLogger("epp.extproc")
 # the thread cuts the loop's longest stall 3x. json.loads itself holds the GIL, so a huge
 # body still stalls the loop for that one call: the body-size limit bounds it.
 PARSE_OFF_LOOP_BYTES = 256 * 1024
+
+# The process's log of refusals (rate-limited per status); tests pass their own.
+REFUSALS = RefusalLog(log)
 
 _MODES = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _MODES.FULL_DUPLEX_STREAMED
@@ -57,9 +61,12 @@ class Phase(enum.Enum):
 
 
 class RequestStream:
-    def __init__(self, director: Director, max_body_bytes: int) -> None:
+    def __init__(
+        self, director: Director, max_body_bytes: int, refusals: RefusalLog = REFUSALS
+    ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.refusals = refusals
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = _MODES.NONE
@@ -243,11 +250,7 @@ class RequestStream:
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
         self.phase = Phase.REJECTED
         self._chunks = []
-        rid = self.request.request_id if self.request else "-"
-        if error.status >= 500 and error.__cause__ is not None:
-            log.error("request %s failed: %s", rid, error, exc_info=error.__cause__)
-        else:
-            log.info("request %s refused: %s", rid, error)
+        self.refusals.record(self.request.request_id if self.request else "-", error)
         return [m.immediate_response(error)]
 
 
