@@ -40,35 +40,38 @@ def parse(text: str) -> dict[str, tuple[str, list[dict[str, str]]]]:
     }
 
 
-async def test_metrics_have_upstream_names_types_and_labels():
-    opts = ServeOptions(
+def loopback_options(**extra: object) -> ServeOptions:
+    """An in-process EPP on free loopback ports with two endpoints and no scraping."""
+    return ServeOptions(
         host="127.0.0.1",
         grpc_port=0,
         health_port=0,
         metrics_port=0,
         scrape=False,
-        pool_name="pool-a",
         endpoints=[Endpoint("e0", "127.0.0.1", 9000), Endpoint("e1", "127.0.0.1", 9001)],
+        **extra,  # type: ignore[arg-type]
     )
+
+
+def completion_stream(model: str, rewrite: str | None = None) -> list[pb.ProcessingRequest]:
+    hdrs = [base_pb2.HeaderValue(key=":path", raw_value=b"/v1/completions")]
+    if rewrite is not None:
+        hdrs.append(base_pb2.HeaderValue(key=MODEL_REWRITE, raw_value=rewrite.encode()))
+    body = json.dumps({"model": model, "prompt": "hi"}).encode()
+    return [
+        pb.ProcessingRequest(
+            request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hdrs))
+        ),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
+    ]
+
+
+async def test_metrics_have_upstream_names_types_and_labels():
+    opts = loopback_options(pool_name="pool-a")
     async with EppServer(opts, seed=0) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
             stub = pb_grpc.ExternalProcessorStub(ch)
-            msgs = [
-                pb.ProcessingRequest(
-                    request_headers=pb.HttpHeaders(
-                        headers=base_pb2.HeaderMap(
-                            headers=[
-                                base_pb2.HeaderValue(key=":path", raw_value=b"/v1/completions")
-                            ]
-                        )
-                    )
-                ),
-                pb.ProcessingRequest(
-                    request_body=pb.HttpBody(
-                        body=json.dumps({"model": "m", "prompt": "hi"}).encode(), end_of_stream=True
-                    )
-                ),
-            ]
+            msgs = completion_stream("m")
             replies = [r async for r in stub.Process(iter(msgs))]
             assert replies[0].HasField("request_headers")
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"
@@ -95,28 +98,7 @@ async def test_client_model_names_never_grow_the_metrics_page():
     shared label "other", not 1000: unbounded, each 200-char name would add ≥ 200 bytes
     to several series, ≥ 1000 × 200 × 2 = 400 KB; bounded, the page grows by a few
     series (< 10 KB)."""
-    opts = ServeOptions(
-        host="127.0.0.1",
-        grpc_port=0,
-        health_port=0,
-        metrics_port=0,
-        scrape=False,
-        endpoints=[Endpoint("e0", "127.0.0.1", 9000), Endpoint("e1", "127.0.0.1", 9001)],
-    )
-
-    def stream(model: str, rewrite: str | None) -> list[pb.ProcessingRequest]:
-        hdrs = [base_pb2.HeaderValue(key=":path", raw_value=b"/v1/completions")]
-        if rewrite is not None:
-            hdrs.append(base_pb2.HeaderValue(key=MODEL_REWRITE, raw_value=rewrite.encode()))
-        body = json.dumps({"model": model, "prompt": "hi"}).encode()
-        return [
-            pb.ProcessingRequest(
-                request_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(headers=hdrs))
-            ),
-            pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
-        ]
-
-    async with EppServer(opts, seed=0) as server:
+    async with EppServer(loopback_options(), seed=0) as server:
         for e in ("e0", "e1"):
             server.datastore.set_models(e, ["served-model"])
         url = f"http://127.0.0.1:{server.metrics_port}/metrics"
@@ -129,7 +111,7 @@ async def test_client_model_names_never_grow_the_metrics_page():
                 for i in range(1000):
                     junk = f"junk-{i:04d}-" + "x" * 190
                     # even i: unknown model → 404; odd i: rewritten to the served model → routed
-                    msgs = stream(junk, "served-model" if i % 2 else None)
+                    msgs = completion_stream(junk, "served-model" if i % 2 else None)
                     (first, *_) = [r async for r in stub.Process(iter(msgs))]
                     codes.append(first.immediate_response.status.code)
             async with s.get(url) as r:
