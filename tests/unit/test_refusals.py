@@ -76,6 +76,5 @@ def test_a_refused_stream_logs_its_request_id_and_reason(caplog):
     (resp,) = stream.handle(body_msg(b'{"model": "unknown", "prompt": "x"}', True))
     assert resp.immediate_response.status.code == 404
     assert lines(caplog) == [
-        "request rid-7 answered 404: model 'unknown' is not served by this pool; "
-        "served models: m"
+        "request rid-7 answered 404: model 'unknown' is not served by this pool; served models: m"
     ]
