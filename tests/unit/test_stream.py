@@ -378,3 +378,18 @@ async def test_a_body_over_the_limit_is_refused_before_any_parse():
     (resp,), turns = await run_counting_yields(stream, msgs)
     assert resp.immediate_response.status.code == 413
     assert turns == 0
+
+
+def test_an_unexpected_error_outside_any_plugin_is_a_clean_immediate_response():
+    # Nesting 100,000 deep makes json.loads raise RecursionError, which the parser does not
+    # expect (issue 13 §1e will make it a 400): the stream still answers, it does not raise.
+    director, ds = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    (resp,) = s.handle(body_msg(deep, True))
+    assert resp.immediate_response.status.code in (400, 500)
+    assert json.loads(resp.immediate_response.body)["error"]["message"]
+    assert s.phase is Phase.REJECTED
+    s.close()
+    assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())
