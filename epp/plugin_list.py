@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from epp.composition import install_plugins
 from epp.scheduling.params import describe
-from epp.scheduling.registry import NOT_YET_IMPLEMENTED
+from epp.scheduling.registry import NOT_YET_IMPLEMENTED, PluginImportError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,5 +36,9 @@ def render(type_name: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(render(args.type))
+    try:
+        print(render(args.type))
+    except PluginImportError as e:
+        print(f"epp plugins: {e}", file=sys.stderr)
+        return 2
     return 0

@@ -117,6 +117,19 @@ def test_epp_plugins_lists_an_installed_entry_point(tmp_path):
     assert out.stdout.startswith("tiny-scorer  [tiny_epp_plugin.py]")
 
 
+def test_a_broken_entry_point_is_one_line_and_exit_2_for_the_cli(tmp_path):
+    _write_dist(tmp_path, "bad_epp_plugin", "import no_such_module_here\n", "bad = bad_epp_plugin")
+    out = subprocess.run(
+        [sys.executable, "-m", "epp.cli", "plugins"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "entry point 'bad'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_a_failed_import_leaves_the_registry_unchanged_and_retryable(tmp_path, monkeypatch):
     flaky = tmp_path / "flaky_epp_plugin.py"
     flaky.write_text("raise RuntimeError('missing dependency')\n" + TINY_PLUGIN)
