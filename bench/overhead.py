@@ -66,6 +66,7 @@ import aiohttp
 
 from epp.harness import envoy
 from epp.harness.procs import LogReady, ProcessGroup, free_port
+from epp.headers import DESTINATION_ENDPOINT
 
 REPO = Path(__file__).resolve().parents[1]
 REPLICAS = 8
@@ -326,7 +327,7 @@ def direct_config(options: envoy.EnvoyOptions, destination: str) -> dict[str, An
         for route in vhost["routes"]:
             route["request_headers_to_add"] = [
                 {
-                    "header": {"key": envoy.DESTINATION_HEADER, "value": destination},
+                    "header": {"key": DESTINATION_ENDPOINT, "value": destination},
                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
                 }
             ]

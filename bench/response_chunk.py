@@ -78,7 +78,7 @@ def stream_run(event: bytes):
     ds = Datastore(require_metrics=False)
     ds.set_endpoints([Endpoint("e0", "10.0.0.1", 8000)])
     cfg = load_default_config(Handle(rng=random.Random(0)))
-    director = Director(ds, cfg, random.Random(0))
+    director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
     body = json.dumps({"model": "m", "prompt": "hi", "stream": True}).encode()
     msg = pb.ProcessingRequest(response_body=pb.HttpBody(body=event, end_of_stream=False))
 

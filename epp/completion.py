@@ -82,7 +82,8 @@ class ResponseObserver:
     def finished(
         self, request: InferenceRequest, decision: RoutingDecision, record: RequestRecord
     ) -> None:
-        _observe_metrics(request, record)
+        if decision.labels is not None:
+            _observe_metrics(decision.labels, record)
         for sink in list(self._sinks):
             try:
                 sink(record)
@@ -98,10 +99,10 @@ class ResponseObserver:
                 log.exception("post-response plugin %r failed", plugin)
 
 
-def _observe_metrics(request: InferenceRequest, rec: RequestRecord) -> None:
+def _observe_metrics(labels: tuple[str, str], rec: RequestRecord) -> None:
+    """`labels`: (model_name, target_model_name) as the director bounded them."""
     if not rec.ok:
         return  # upstream counts only successful responses in these histograms
-    labels = (request.model, request.target_model)
     REQUEST_DURATION.labels(*labels).observe(rec.duration_s)
     INPUT_TOKENS.labels(*labels).observe(rec.isl)
     OUTPUT_TOKENS.labels(*labels).observe(rec.osl)

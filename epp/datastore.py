@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 ROLE_LABEL = "llm-d.ai/role"
 
@@ -140,6 +140,7 @@ class Datastore:
         self.clock = clock
         self.require_metrics = require_metrics
         self._listeners: list[_Listener] = []
+        self._served: frozenset[str] | None = None  # cache of served_models()
 
     # ---- membership -------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
@@ -153,6 +154,7 @@ class Datastore:
                 new[ep.name] = _EndpointState(endpoint=ep)
         self._states = new
         self._by_hostport = {s.endpoint.hostport: name for name, s in new.items()}
+        self._served = None
         for listener in list(self._listeners):
             listener.notify()
 
@@ -186,6 +188,8 @@ class Datastore:
         s = self._states.get(name)
         if s is None:
             return
+        if metrics.active_models != s.metrics.active_models:
+            self._served = None
         s.metrics = metrics
         s.scrape_ok = True
         s.last_error = ""
@@ -205,10 +209,23 @@ class Datastore:
         if s is not None:
             s.models = frozenset(models)
             s.snap = None
+            self._served = None
 
     def models(self, name: str) -> frozenset[str] | None:
         s = self._states.get(name)
         return s.models if s else None
+
+    def served_models(self) -> frozenset[str]:
+        """Every model name some endpoint reports (/v1/models, or a LoRA adapter running
+        per its metrics): the names that may become metric labels. Cached until one of
+        those sources changes."""
+        if self._served is None:
+            names: set[str] = set()
+            for s in self._states.values():
+                names.update(s.models or ())
+                names.update(s.metrics.active_models)
+            self._served = frozenset(names)
+        return self._served
 
     def metrics(self, name: str) -> EndpointMetrics | None:
         s = self._states.get(name)
@@ -291,8 +308,3 @@ class Datastore:
                 )
             out.append(snap)
         return out
-
-
-def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
-    """A copy of `snap` with some metric fields changed (handy in tests and producers)."""
-    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

@@ -14,7 +14,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from epp.config.loader import LoadedConfig
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError, not_found, unavailable
 from epp.observability import (
@@ -22,8 +21,11 @@ from epp.observability import (
     REQUESTS_TOTAL,
     RUNNING_REQUESTS,
     SCHEDULER_ATTEMPTS,
+    model_label,
 )
 from epp.request import InferenceRequest
+from epp.scheduling.interfaces import PreRequest
+from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import ProfileResult, SchedulingResult
 
 log = logging.getLogger("epp.director")
@@ -46,20 +48,27 @@ class RoutingDecision:
     headers: dict[str, str] = field(default_factory=dict)
     result: SchedulingResult | None = None
     held: list[Hold] = field(default_factory=list)
-    model: str | None = None  # set for scheduled requests: the running-requests gauge label
+    # (model_name, target_model_name) metric labels, bounded by `model_label`; set for
+    # scheduled requests (the running-requests gauge, the per-response histograms).
+    labels: tuple[str, str] | None = None
     prefill_released: bool = False
     released: bool = False
 
 
 class Director:
+    """Routes requests with `scheduler` over `datastore`'s endpoints; after a pick, runs
+    the `pre_request` hooks (e.g. a prefix index recording where the prompt went)."""
+
     def __init__(
         self,
         datastore: Datastore,
-        config: LoadedConfig,
+        scheduler: Scheduler,
+        pre_request: Sequence[PreRequest] = (),
         rng: random.Random | None = None,
     ) -> None:
         self.datastore = datastore
-        self.config = config
+        self.scheduler = scheduler
+        self.pre_request = tuple(pre_request)
         self.rng = rng or random.Random()
 
     def candidates(
@@ -93,10 +102,12 @@ class Director:
 
     def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
         """Schedule a parsed request; raises EppError for any refusal."""
-        model, target = request.model, request.target_model
+        served = self.datastore.served_models()
+        model = model_label(request.model, served)
+        target = model_label(request.target_model, served)
         try:
             candidates = self.candidates(request, subset)
-            result = self.config.scheduler.schedule(request, candidates)
+            result = self.scheduler.schedule(request, candidates)
         except EppError as e:
             SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
@@ -110,11 +121,11 @@ class Director:
             destinations=[t.hostport for t in result.primary.targets],
             headers=dict(result.headers),
             result=result,
-            model=model,
+            labels=(model, target),
         )
         self._hold(decision, request, result.profile_results.values())
         RUNNING_REQUESTS.labels(model).inc()
-        for plugin in self.config.pre_request:
+        for plugin in self.pre_request:
             try:
                 plugin.pre_request(request, result)
             except Exception:  # a broken hook must not lose the request
@@ -158,8 +169,8 @@ class Director:
         if decision.released:
             return
         decision.released = True
-        if decision.model is not None:
-            RUNNING_REQUESTS.labels(decision.model).dec()
+        if decision.labels is not None:
+            RUNNING_REQUESTS.labels(decision.labels[0]).dec()
         prompt_done = decision.prefill_released
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens

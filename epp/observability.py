@@ -8,7 +8,7 @@ are computed at scrape time from the datastore (no timer thread, never stale).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -60,6 +60,21 @@ INFO = Gauge(
     registry=REGISTRY,
 )
 INFO.labels(commit="unknown", build_ref=__version__).set(1)
+
+# A client chooses the model name (body, rewrite header): as a label it must be bounded
+# in count and length, or /metrics grows without limit (issue 13: 50 requests with 1 MB
+# names made it 341 MB). Names the pool does not serve share OTHER_MODEL.
+OTHER_MODEL = "other"
+MAX_LABEL_CHARS = 128
+
+
+def model_label(name: str, served: Container[str]) -> str:
+    """The label for a model name: itself if the pool serves it (cut to MAX_LABEL_CHARS),
+    else OTHER_MODEL; "" (no model, e.g. a GET) stays ""."""
+    if not name:
+        return ""
+    return name[:MAX_LABEL_CHARS] if name in served else OTHER_MODEL
+
 
 REQUESTS_TOTAL = Counter(
     "inference_objective_request",

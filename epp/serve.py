@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.completion import ResponseObserver
+from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
 from epp.datalayer.endpoints_file import (
@@ -35,7 +36,7 @@ from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
 from epp.scheduling.interfaces import Lifecycle
-from epp.scheduling.registry import Handle
+from epp.scheduling.registry import Handle, PluginImportError
 
 log = logging.getLogger("epp")
 
@@ -70,7 +71,7 @@ class EppServer:
     ) -> None:
         self.options = options
         rng = random.Random(seed)
-        self.config = config or load_default_config(Handle(rng=rng))
+        self.config = config or load_default_config(Handle(rng=rng), install_plugins())
         self.datastore = Datastore(
             staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
         )
@@ -78,7 +79,9 @@ class EppServer:
         handle = self.config.handle
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
-        self.director = Director(self.datastore, self.config, rng)
+        self.director = Director(
+            self.datastore, self.config.scheduler, self.config.pre_request, rng
+        )
         # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
         self.observer = (
             ResponseObserver(self.config.post_response) if options.response_path else None
@@ -278,7 +281,12 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     if dupes:
         raise EndpointsError(f"duplicate endpoint names across --endpoints/--endpoint: {dupes}")
     handle = Handle(rng=random.Random(args.seed))
-    config = load_config_file(args.config, handle) if args.config else load_default_config(handle)
+    registry = install_plugins()
+    config = (
+        load_config_file(args.config, handle, registry)
+        if args.config
+        else load_default_config(handle, registry)
+    )
     for name in ("refresh_metrics_interval", "metrics_staleness_threshold", "scrape_timeout"):
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
@@ -308,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError) as e:
+    except (ConfigError, EndpointsError, PluginImportError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
     if not opts.endpoints and not opts.watch_file:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.request import InferenceRequest, new_request, parse_body
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 
 
 def snap(
@@ -41,10 +42,15 @@ def completion(prompt: str = "hello", model: str = "m", **extra: object) -> Infe
 
 
 def plugin(type_name: str, params: object = None, seed: int = 0, name: str | None = None):
-    spec = lookup(type_name)
+    spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
     from epp.scheduling.params import parse_params
 
     return spec.build(
         name or type_name, parse_params(spec.params, params), Handle(rng=random.Random(seed))
     )
+
+
+def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
+    """A copy of `snap` with some metric fields changed."""
+    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

@@ -14,14 +14,16 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from epp.errors import EppError
+from epp.headers import (
+    DESTINATION_ENDPOINT,
+    DESTINATION_SUBSET,
+    LB_METADATA_NAMESPACE,
+    PREFILLER_HOST_PORT,
+    SUBSET_HINT_NAMESPACE,
+)
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-PREFILL_HEADER = "x-prefiller-host-port"
-METADATA_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 # Routing headers a client must never choose: removed from every request.
-CLIENT_FORBIDDEN_HEADERS = (DESTINATION_HEADER, PREFILL_HEADER)
+CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
 # Envoy rejects larger streamed body mutations; upstream chunks at this size.
 MAX_STREAMED_CHUNK = 62_000
 
@@ -45,9 +47,9 @@ def header_mutation(
 
 def destination_metadata(destinations: list[str]) -> struct_pb2.Struct:
     md = struct_pb2.Struct()
-    md.fields[METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = ",".join(
-        destinations
-    )
+    md.fields[LB_METADATA_NAMESPACE].struct_value.fields[
+        DESTINATION_ENDPOINT
+    ].string_value = ",".join(destinations)
     return md
 
 
@@ -162,12 +164,12 @@ def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
 def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
     """The gateway's candidate subset, if it sent one (present but empty means none)."""
     fm = request.metadata_context.filter_metadata
-    if SUBSET_NAMESPACE not in fm:
+    if SUBSET_HINT_NAMESPACE not in fm:
         return None
-    ns = fm[SUBSET_NAMESPACE]
-    if SUBSET_KEY not in ns.fields:
+    ns = fm[SUBSET_HINT_NAMESPACE]
+    if DESTINATION_SUBSET not in ns.fields:
         return None
-    value = ns.fields[SUBSET_KEY]
+    value = ns.fields[DESTINATION_SUBSET]
     if value.HasField("list_value"):
         return [v.string_value for v in value.list_value.values if v.string_value]
     if value.HasField("string_value"):

@@ -48,7 +48,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self.open_streams += 1
         try:
             async for msg in request_iterator:
-                for resp in stream.handle(msg):
+                for resp in await stream.handle_async(msg):
                     yield resp
             self._check_response_phases(stream)
         finally:

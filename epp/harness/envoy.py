@@ -36,7 +36,6 @@ LISTENER_NAME = "epp_gateway"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 EXT_PROC_CLUSTER = "ext_proc"
 UPSTREAM_CLUSTER = "original_destination_cluster"
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
 
 BodyMode = Literal["NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"]
 _BODY_MODES = ("NONE", "STREAMED", "BUFFERED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED")

@@ -27,7 +27,6 @@ import yaml
 from aiohttp import web
 
 from epp.harness.envoy import (
-    DESTINATION_HEADER,
     EnvoyOptions,
     RunningEnvoy,
     astart_envoy,
@@ -46,6 +45,7 @@ from epp.harness.procs import (
     ProcessGroup,
     free_port,
 )
+from epp.headers import DESTINATION_ENDPOINT
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -276,7 +276,7 @@ async def test_get_reaches_the_named_upstream(gateway: Gateway) -> None:
     assert echoed["port"] == gateway.target_port
     assert echoed["method"] == "GET"
     assert echoed["path"] == "/v1/models"
-    assert echoed["headers"][DESTINATION_HEADER] == f"127.0.0.1:{gateway.target_port}"
+    assert echoed["headers"][DESTINATION_ENDPOINT] == f"127.0.0.1:{gateway.target_port}"
 
 
 @pytest.mark.e2e
@@ -296,11 +296,11 @@ async def test_post_body_arrives_intact(gateway: Gateway, size: int) -> None:
 
 @pytest.mark.e2e
 async def test_client_cannot_pick_its_own_endpoint(gateway: Gateway) -> None:
-    spoofed = {DESTINATION_HEADER: f"127.0.0.1:{gateway.decoy_port}"}
+    spoofed = {DESTINATION_ENDPOINT: f"127.0.0.1:{gateway.decoy_port}"}
     url = gateway.envoy.url + "/v1/completions"
     echoed = await _send("POST", url, data=_json_body(100), headers=spoofed)
     assert echoed["port"] == gateway.target_port
-    assert echoed["headers"][DESTINATION_HEADER] == f"127.0.0.1:{gateway.target_port}"
+    assert echoed["headers"][DESTINATION_ENDPOINT] == f"127.0.0.1:{gateway.target_port}"
 
 
 @pytest.mark.e2e

@@ -27,7 +27,8 @@ BODY = json.dumps({"model": "m", "prompt": "tell me a story", "stream": True}).e
 async def epp():
     ds = Datastore(require_metrics=False)
     ds.set_endpoints([Endpoint("e0", "127.0.0.1", 9000)])
-    director = Director(ds, load_default_config(Handle(rng=random.Random(1))), random.Random(1))
+    cfg = load_default_config(Handle(rng=random.Random(1)))
+    director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(1))
     records: list = []
     main, health, servicer, _, gport, _ = await start_grpc_servers(
         director, ds, "127.0.0.1", 0, 0, observer=ResponseObserver(sinks=[records.append])

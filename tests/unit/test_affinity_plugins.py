@@ -10,14 +10,15 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_file
-from epp.datastore import EndpointSnapshot, with_metrics
+from epp.datastore import EndpointSnapshot
+from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest, new_request, parse_body
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.scorers import lora_affinity
-from tests.helpers import snap
+from tests.helpers import snap, with_metrics
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
@@ -31,7 +32,7 @@ class FakeClock:
 
 
 def make(type_name: str, params: object = None, *, clock=None, seed: int = 0):
-    spec = lookup(type_name)
+    spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
     handle = Handle(rng=random.Random(seed), clock=clock or FakeClock())
     return spec.build(type_name, parse_params(spec.params, params), handle)
@@ -69,7 +70,7 @@ A, B, C, D = snap("a"), snap("b"), snap("c"), snap("d")
 # ---- session-affinity-scorer ------------------------------------------------------
 
 
-def sess(sid: str, header: str = "x-session-token") -> InferenceRequest:
+def sess(sid: str, header: str = SESSION_TOKEN) -> InferenceRequest:
     return req(headers={header: sid})
 
 
@@ -141,7 +142,7 @@ def test_session_custom_header_and_profile():
 
 
 def test_session_params_are_checked():
-    spec = lookup("session-affinity-scorer")
+    spec = PLUGIN_TYPES.lookup("session-affinity-scorer")
     with pytest.raises(ConfigError, match="evictionTtlSeconds must be > 0"):
         parse_params(spec.params, {"evictionTtlSeconds": 0})
     with pytest.raises(ConfigError, match="headerName"):
@@ -352,7 +353,7 @@ def test_affinity_ttft_gate_defaults_are_llm_d_and_zero_turns_it_off():
 
 
 def test_affinity_params_are_checked():
-    spec = lookup("prefix-cache-affinity-filter")
+    spec = PLUGIN_TYPES.lookup("prefix-cache-affinity-filter")
     with pytest.raises(ConfigError, match="peakPrefillThroughput must be > 0"):
         parse_params(spec.params, {"peakPrefillThroughput": 0})
     with pytest.raises(ConfigError, match="at most 1"):

@@ -50,8 +50,9 @@ class Plugin:
 def setup(observer=True):
     ds = Datastore(require_metrics=False)
     ds.set_endpoints([Endpoint("e0", "10.0.0.1", 8000, {"llm-d.ai/role": "decode"})])
+    ds.set_models("e0", ["m"])  # served, so "m" is its own metric label (not "other")
     cfg = load_default_config(Handle(rng=random.Random(0)))
-    director = Director(ds, cfg, random.Random(0))
+    director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
     records, plugin = [], Plugin()
     obs = ResponseObserver([plugin], [records.append]) if observer else None
     clock = Clock()
