@@ -188,8 +188,12 @@ class RequestStream:
 
     def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         meter, decision = self.meter, self.decision
-        if meter is not None and decision is not None and meter.feed(body.body, self.clock()):
-            self.director.first_token(decision)
+        if meter is not None and decision is not None:
+            try:
+                if meter.feed(body.body, self.clock()):
+                    self.director.first_token(decision)
+            except Exception:
+                self._measurement_failed()
         out = m.response_body_passthrough(body, self.response_body_mode == FULL_DUPLEX)
         if body.end_of_stream:
             self._end_response(complete=True)
@@ -204,14 +208,27 @@ class RequestStream:
         if decision is None:
             return
         now = self.clock()
-        if self.meter is not None and self.meter.finish(now):
-            self.director.first_token(decision)
+        try:
+            if self.meter is not None and self.meter.finish(now):
+                self.director.first_token(decision)
+        except Exception:
+            self._measurement_failed()
         self.director.release(decision)
-        if self.observer is not None and request is not None and decision.result is not None:
+        if self.observer is None or request is None or decision.result is None:
+            return
+        # No meter on a complete response = its measurement failed: no record.
+        if self.meter is not None or not complete:
             record = build_record(
                 request, decision, self.meter, self.status, self.routed_at, now, complete
             )
             self.observer.finished(request, decision, record)
+
+    def _measurement_failed(self) -> None:
+        """A bug in measuring must not cost the response: the rest passes through
+        unmeasured and no record is made (a half-measured one would mislead)."""
+        rid = self.request.request_id if self.request else "-"
+        log.exception("measuring the response of request %s failed; passing it through", rid)
+        self.meter = None
 
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:

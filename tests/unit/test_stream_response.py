@@ -239,3 +239,19 @@ def test_running_requests_gauge_follows_the_response():
     assert running() == before
     s.close()
     assert running() == before  # once
+
+
+def test_a_measurement_bug_never_costs_the_response():
+    s, ds, _, records, _ = setup()
+    s.handle(response_headers())
+
+    class Broken:
+        def feed(self, chunk, now):
+            raise ValueError("meter bug")
+
+    s.meter = Broken()
+    out = s.handle(response_body(token("a"), False))
+    assert out == [passthrough(token("a"), False)]  # passed through all the same
+    assert s.handle(response_body(token("b"), True)) == [passthrough(token("b"), True)]
+    assert ds.inflight("e0") == (0, 0)
+    assert records == []  # a half-measured record would mislead the planner
