@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.completion import ResponseObserver
+from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
 from epp.datalayer import k8s_cli
@@ -43,7 +45,7 @@ from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
 from epp.scheduling.interfaces import Lifecycle
-from epp.scheduling.registry import Handle
+from epp.scheduling.registry import Handle, PluginImportError
 
 log = logging.getLogger("epp")
 
@@ -67,6 +69,9 @@ class ServeOptions:
     extra_endpoints: list[Endpoint] = field(default_factory=list)
     # Kubernetes discovery (--pool-name / --endpoint-selector): it owns the pool.
     kubernetes: KubeSource | None = None
+    # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
+    # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
+    response_path: bool = True
 
 
 class EppServer:
@@ -77,7 +82,7 @@ class EppServer:
     ) -> None:
         self.options = options
         rng = random.Random(seed)
-        self.config = config or load_default_config(Handle(rng=rng))
+        self.config = config or load_default_config(Handle(rng=rng), install_plugins())
         self.datastore = Datastore(
             staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
         )
@@ -85,7 +90,13 @@ class EppServer:
         handle = self.config.handle
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
-        self.director = Director(self.datastore, self.config, rng)
+        self.director = Director(
+            self.datastore, self.config.scheduler, self.config.pre_request, rng
+        )
+        # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
+        self.observer = (
+            ResponseObserver(self.config.post_response) if options.response_path else None
+        )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
@@ -116,7 +127,13 @@ class EppServer:
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
             )
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
-            self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
+            self.director,
+            self.datastore,
+            o.host,
+            o.grpc_port,
+            o.health_port,
+            o.max_body_bytes,
+            self.observer,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -195,6 +212,7 @@ async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[
                 "kv_cache_usage": s.metrics.kv_cache_usage,
                 "inflight_requests": s.inflight_requests,
                 "inflight_tokens": s.inflight_tokens,
+                "inflight_prefill_tokens": s.inflight_prefill_tokens,
             }
             for s in ds.snapshot()
         ]
@@ -257,6 +275,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--scrape-timeout", type=float, default=1.0, metavar="SECONDS", help="(1.0)")
     k8s_cli.add_arguments(p)
+    p.add_argument(
+        "--response-path",
+        choices=["on", "off"],
+        default="on",
+        help="measure responses (TTFT, ITL, usage, metrics, PostResponse plugins) and hold "
+        "in-flight counts until each response ends (on, the default; Envoy must send the "
+        "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
+        "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -273,7 +300,12 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     if dupes:
         raise EndpointsError(f"duplicate endpoint names across --endpoints/--endpoint: {dupes}")
     handle = Handle(rng=random.Random(args.seed))
-    config = load_config_file(args.config, handle) if args.config else load_default_config(handle)
+    registry = install_plugins()
+    config = (
+        load_config_file(args.config, handle, registry)
+        if args.config
+        else load_default_config(handle, registry)
+    )
     for name in ("refresh_metrics_interval", "metrics_staleness_threshold", "scrape_timeout"):
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
@@ -296,6 +328,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
         kubernetes=kube,
+        response_path=args.response_path == "on",
     )
     return opts, config
 
@@ -306,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError, PoolSpecError, KubeConfigError) as e:
+    except (ConfigError, EndpointsError, PluginImportError, PoolSpecError, KubeConfigError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
     if not opts.endpoints and not opts.watch_file and opts.kubernetes is None:
