@@ -88,6 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeats", type=int,
         help=f"prompts per prefill point, median taken (default {DEFAULTS.repeats}; --quick 1)",
     )  # fmt: skip
+    p.add_argument(
+        "--max-concurrency", type=int, default=DEFAULTS.max_concurrency,
+        help="most decode streams at once (Dynamo's cap: 2000)",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="few points: a smoke run, not a profile")
     p.add_argument(
         "--time-scale", type=float, default=1.0,
@@ -107,7 +111,12 @@ def settings_from_args(args: argparse.Namespace) -> SweepSettings:
         if getattr(args, k) is not None
     }
     settings = replace(
-        base, isl=args.isl, osl=args.osl, max_context_length=args.max_context_length, **given
+        base,
+        isl=args.isl,
+        osl=args.osl,
+        max_context_length=args.max_context_length,
+        max_concurrency=args.max_concurrency,
+        **given,
     )
     settings.check()
     return settings

@@ -52,11 +52,15 @@ class DecodeLoad:
 
 
 def num_request_range(
-    max_concurrency: int, granularity: int = DECODE_GRANULARITY, attn_dp: int = 1
+    max_concurrency: int,
+    granularity: int = DECODE_GRANULARITY,
+    attn_dp: int = 1,
+    cap: int = DECODE_MAX_CONCURRENCY,
 ) -> list[int]:
     """Dynamo's `get_num_request_range`: every count if fewer than `granularity` fit,
-    else `granularity` points from `attn_dp` to about the maximum (capped at 2000)."""
-    max_concurrency = min(max_concurrency, DECODE_MAX_CONCURRENCY)
+    else `granularity` points from `attn_dp` to about the maximum (capped at `cap`,
+    Dynamo's `DECODE_MAX_CONCURRENCY` 2000)."""
+    max_concurrency = min(max_concurrency, cap)
     per_dp = max_concurrency // attn_dp
     if per_dp < granularity:
         return list(range(attn_dp, per_dp * attn_dp + 1, attn_dp))
@@ -84,6 +88,7 @@ def decode_grid(
     max_kv_tokens: int,
     granularity: int = DECODE_GRANULARITY,
     osl: int = DECODE_OSL,
+    max_concurrency: int = DECODE_MAX_CONCURRENCY,
 ) -> list[DecodeLoad]:
     """ISL in `range(100, max_ctx - osl, (max_ctx - osl) // granularity)`; per ISL the
     in-flight counts `num_request_range(max_kv_tokens // (isl + osl))`; stops at the
@@ -100,7 +105,8 @@ def decode_grid(
         fit = max_kv_tokens // (isl + osl)
         if fit == 0:
             break
-        loads += [DecodeLoad(isl, osl, n) for n in num_request_range(fit, granularity)]
+        counts = num_request_range(fit, granularity, cap=max_concurrency)
+        loads += [DecodeLoad(isl, osl, n) for n in counts]
     if not loads:
         raise PlanError(
             f"the KV cache ({max_kv_tokens} tokens) cannot hold one request of"
@@ -121,6 +127,9 @@ class SweepSettings:
     decode_osl: int = DECODE_OSL
     prefill_osl: int = PREFILL_OSL
     repeats: int = 3  # prefill TTFT is the median of this many unique prompts
+    # Most streams at once. Dynamo caps at 2000; a server's max_num_seqs (vLLM's default
+    # 256, 1024 on H100) or the client's CPU may call for less.
+    max_concurrency: int = DECODE_MAX_CONCURRENCY
 
     @classmethod
     def quick(cls, **overrides: int) -> SweepSettings:
@@ -136,7 +145,15 @@ class SweepSettings:
         return cls(**values)
 
     def check(self) -> None:
-        for name in ("isl", "osl", "prefill_granularity", "decode_granularity", "repeats"):
+        names = (
+            "isl",
+            "osl",
+            "prefill_granularity",
+            "decode_granularity",
+            "repeats",
+            "max_concurrency",
+        )
+        for name in names:
             if getattr(self, name) < 1:
                 raise PlanError(f"--{name.replace('_', '-')} must be >= 1")
         if self.decode_osl < 2:
@@ -182,7 +199,7 @@ def make_plan(settings: SweepSettings, limits: EndpointLimits) -> SweepPlan:
         )
     comparison = tuple(
         DecodeLoad(settings.isl, settings.osl, n)
-        for n in num_request_range(fit, settings.decode_granularity)
+        for n in num_request_range(fit, settings.decode_granularity, cap=settings.max_concurrency)
     )
     return SweepPlan(
         comparison_isl=settings.isl,
@@ -190,7 +207,11 @@ def make_plan(settings: SweepSettings, limits: EndpointLimits) -> SweepPlan:
         prefill_isls=tuple(prefill_isl_grid(max_ctx, settings.prefill_granularity)),
         decode=tuple(
             decode_grid(
-                max_ctx, limits.max_kv_tokens, settings.decode_granularity, settings.decode_osl
+                max_ctx,
+                limits.max_kv_tokens,
+                settings.decode_granularity,
+                settings.decode_osl,
+                settings.max_concurrency,
             )
         ),
         prefill_osl=settings.prefill_osl,
