@@ -16,6 +16,7 @@ the HTTP run's two PNGs to docs/profiler_{prefill,decode}.png with `--docs`.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -70,11 +71,16 @@ def main() -> int:
 
     hp, vp = load(http_dir, "prefill"), load(virt_dir, "prefill")
     assert (hp["prefill_isl"] == vp["prefill_isl"]).all()
-    print("\nprefill: ISL, TTFT ms http / virtual, ratio")
-    ratios = []
-    for isl, h, v in zip(hp["prefill_isl"], hp["prefill_ttft"], vp["prefill_ttft"], strict=True):
+    sweep = json.loads((http_dir / "summary.json").read_text())["sweep"]
+    print("\nprefill: ISL, TTFT ms client / sim's own histogram / virtual, client/virtual")
+    ratios, server_r = [], []
+    for i, (isl, h, v) in enumerate(
+        zip(hp["prefill_isl"], hp["prefill_ttft"], vp["prefill_ttft"], strict=True)
+    ):
+        s = sweep["prefill"][i]["server_ttft_ms"]
         ratios.append(h / v)
-        print(f"  {isl:6d} {h:9.2f} {v:9.2f} {h / v:6.3f}")
+        server_r.append(s / v)
+        print(f"  {isl:6d} {h:9.2f} {s:9.2f} {v:9.2f} {h / v:6.3f}")
     mid = (hp["prefill_isl"][:-1] + hp["prefill_isl"][1:]) / 2
     hi = np.interp(mid, hp["prefill_isl"], hp["prefill_ttft"])
     vi = np.interp(mid, vp["prefill_isl"], vp["prefill_ttft"])
@@ -86,20 +92,30 @@ def main() -> int:
     )
 
     hd, vd = load(http_dir, "decode"), load(virt_dir, "decode")
-    print("\ndecode: context, kv usage, ITL ms http / virtual, ratio, tok/s/GPU http / virtual")
-    itl_r, thpt_r = [], []
+    print(f"prefill TTFT, sim's own / virtual: min {min(server_r):.3f} max {max(server_r):.3f}")
+    print(
+        "\ndecode: context, kv usage, ITL ms client / sim's own histogram / virtual,"
+        " client/virtual, client/sim, tok/s/GPU client / virtual"
+    )
+    itl_r, thpt_r, own_r, client_own = [], [], [], []
     for i in range(len(vd["z_itl"])):
         h, v = hd["z_itl"][i], vd["z_itl"][i]
+        s = sweep["decode"][i]["server_itl_ms"]
         ht, vt = hd["z_thpt_per_gpu"][i], vd["z_thpt_per_gpu"][i]
         itl_r.append(h / v)
         thpt_r.append(ht / vt)
+        own_r.append(s / v)
+        client_own.append(h / s)
         print(
-            f"  {vd['y_context_length'][i]:7.0f} {vd['x_kv_usage'][i]:5.3f} {h:7.2f} {v:7.2f}"
-            f" {h / v:6.3f} {ht:9.1f} {vt:9.1f}"
+            f"  {vd['y_context_length'][i]:7.0f} {vd['x_kv_usage'][i]:5.3f} {h:7.2f} {s:7.2f}"
+            f" {v:7.2f} {h / v:6.3f} {h / s:6.3f} {ht:9.1f} {vt:9.1f}"
         )
     print(
-        f"decode ITL ratio: min {min(itl_r):.3f} median {float(np.median(itl_r)):.3f} max "
-        f"{max(itl_r):.3f}; throughput ratio: min {min(thpt_r):.3f} max {max(thpt_r):.3f}"
+        f"decode ITL client/virtual: min {min(itl_r):.3f} median {float(np.median(itl_r)):.3f}"
+        f" max {max(itl_r):.3f}; client/sim's own: min {min(client_own):.3f} max"
+        f" {max(client_own):.3f}; sim's own/virtual: min {min(own_r):.3f} max"
+        f" {max(own_r):.3f}; throughput client/virtual: min {min(thpt_r):.3f} max"
+        f" {max(thpt_r):.3f}"
     )
     if args.docs:
         for name in ("prefill", "decode"):

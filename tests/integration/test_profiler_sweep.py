@@ -8,6 +8,7 @@ the plan and the server's limits (grid, shapes, Dynamo's x/y arithmetic, KV capa
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -65,6 +66,12 @@ def test_quick_sweep_against_epp_sim(sim_url, tmp_path):
     assert np.all(d["z_itl"] > 0) and np.all(d["z_thpt_per_gpu"] > 0)
     assert (out / "decode_raw_data.json").exists() and (out / "prefill_raw_data.json").exists()
     assert (out / "prefill_performance.png").stat().st_size > 0
+
+    # The server's own histograms were read around every point: the sim exports them.
+    sweep = json.loads((out / "summary.json").read_text())["sweep"]
+    assert len(sweep["prefill"]) == 4 and len(sweep["decode"]) == len(loads)
+    assert all(p["server_ttft_ms"] > 0 for p in sweep["prefill"])
+    assert all(p["server_itl_ms"] > 0 for p in sweep["decode"])
 
 
 def test_unreachable_url_is_one_line_exit_2(tmp_path):

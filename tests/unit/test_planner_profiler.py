@@ -206,7 +206,7 @@ def test_virtual_prefill_is_the_step_arithmetic():
     t = VirtualTarget.for_preset("tiny")
     # tiny: chunks of 256 then 44; each step 2 ms + 0.01 ms per prompt token:
     # (2 + 2.56) + (2 + 0.44) = 7.0 ms
-    assert asyncio.run(t.prefill_ttft_ms(300, 5)) == pytest.approx(7.0)
+    assert asyncio.run(t.prefill(300, 5)).ttft_ms == pytest.approx(7.0)
 
 
 def test_virtual_decode_is_the_step_arithmetic():

@@ -222,6 +222,23 @@ def summary(report: ProfileReport) -> dict[str, Any]:
         },
         "planner_flags": rec.planner_flags(),
         "lines": rec.lines(),
+        "sweep": {
+            "prefill": [
+                {"isl": p.isl, "ttft_ms": p.ttft_ms, "server_ttft_ms": p.server_ttft_ms}
+                for p in report.prefill
+            ],
+            "decode": [
+                {
+                    "isl": p.load.isl,
+                    "osl": p.load.osl,
+                    "num_request": p.load.num_request,
+                    "itl_ms": p.itl_ms,
+                    "server_itl_ms": p.server_itl_ms,
+                    "thpt_per_gpu": p.thpt_per_gpu,
+                }
+                for p in report.decode
+            ],
+        },
     }
 
 

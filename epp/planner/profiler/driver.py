@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from epp.planner.profiler.measure import DecodeTiming, median
+from epp.planner.profiler.measure import DecodeTiming, PrefillTiming, median
 from epp.planner.profiler.plan import (
     MIN_ISL,
     DecodeLoad,
@@ -39,7 +39,7 @@ class Target(Protocol):
 
     async def limits(self) -> EndpointLimits: ...
 
-    async def prefill_ttft_ms(self, isl: int, osl: int) -> float:
+    async def prefill(self, isl: int, osl: int) -> PrefillTiming:
         """TTFT of one request with a prompt never sent before (no KV reuse), alone."""
         ...
 
@@ -80,14 +80,30 @@ class _Counter:
         self.report(self.total, self.total, "done")
 
 
-async def _prefill(target: Target, isl: int, osl: int, repeats: int) -> PrefillResult:
-    ttft = median([await target.prefill_ttft_ms(isl, osl) for _ in range(repeats)])
-    return PrefillResult(isl, ttft, target.endpoint.num_gpus)
+def _median_prefill(timings: list[PrefillTiming], isl: int, num_gpus: int) -> PrefillResult:
+    server = [t.server_ttft_ms for t in timings if t.server_ttft_ms is not None]
+    return PrefillResult(
+        isl,
+        median([t.ttft_ms for t in timings]),
+        num_gpus,
+        median(server) if len(server) == len(timings) else None,
+    )
+
+
+async def _prefill(
+    target: Target, isl: int, osl: int, repeats: int, progress: Callable[[], None]
+) -> PrefillResult:
+    timings = []
+    for _ in range(repeats):
+        progress()
+        timings.append(await target.prefill(isl, osl))
+    return _median_prefill(timings, isl, target.endpoint.num_gpus)
 
 
 async def _decode(target: Target, load: DecodeLoad) -> DecodeResult:
-    timing = await target.decode(load)
-    return DecodeResult(load, timing.itl_ms, timing.tokens_per_s / target.endpoint.num_gpus)
+    t = await target.decode(load)
+    gpus = target.endpoint.num_gpus
+    return DecodeResult(load, t.itl_ms, t.tokens_per_s / gpus, t.server_itl_ms)
 
 
 async def profile(
@@ -107,12 +123,14 @@ async def profile(
     for target, plan in zip(targets, plans, strict=True):
         name = target.endpoint.name
         counter.step(f"{name} warm-up")
-        await target.prefill_ttft_ms(MIN_ISL, plan.prefill_osl)  # first request pays set-up
-        ttfts = []
-        for _ in range(settings.repeats):
-            counter.step(f"{name} prefill isl={settings.isl}")
-            ttfts.append(await target.prefill_ttft_ms(settings.isl, plan.prefill_osl))
-        prefill = PrefillResult(settings.isl, median(ttfts), target.endpoint.num_gpus)
+        await target.prefill(MIN_ISL, plan.prefill_osl)  # the first request pays set-up
+        prefill = await _prefill(
+            target,
+            settings.isl,
+            plan.prefill_osl,
+            settings.repeats,
+            lambda name=name: counter.step(f"{name} prefill isl={settings.isl}"),
+        )
         decode = []
         for load in plan.comparison_decode:
             counter.step(f"{name} decode isl={load.isl} n={load.num_request}")
@@ -126,11 +144,19 @@ async def profile(
     d_index = candidates.index(rec.decode.candidate)
     p_target, p_plan = targets[p_index], plans[p_index]
     d_target, d_plan = targets[d_index], plans[d_index]
-    counter.total += len(p_plan.prefill_isls) + len(d_plan.decode)
+    counter.total += len(p_plan.prefill_isls) * settings.repeats + len(d_plan.decode)
     prefill_points = []
+    p_name = p_target.endpoint.name
     for isl in p_plan.prefill_isls:
-        counter.step(f"{p_target.endpoint.name} prefill sweep isl={isl}")
-        prefill_points.append(await _prefill(p_target, isl, p_plan.prefill_osl, settings.repeats))
+        prefill_points.append(
+            await _prefill(
+                p_target,
+                isl,
+                p_plan.prefill_osl,
+                settings.repeats,
+                lambda isl=isl: counter.step(f"{p_name} prefill sweep isl={isl}"),
+            )
+        )
     decode_points = []
     for load in d_plan.decode:
         counter.step(f"{d_target.endpoint.name} decode sweep isl={load.isl} n={load.num_request}")

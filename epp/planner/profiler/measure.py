@@ -21,6 +21,15 @@ class DecodeTiming:
     itl_ms: float  # mean time between consecutive tokens of one stream
     tokens_per_s: float  # output tokens of all streams per second, over the same part
     steady: bool  # False: the streams never decoded all together; whole streams used
+    # The server's own view, if it exports one (vLLM's inter-token histogram over the
+    # measured streams): tells client/network overhead from the engine's step time.
+    server_itl_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiming:
+    ttft_ms: float  # client side: request sent -> first token chunk received
+    server_ttft_ms: float | None = None  # the server's TTFT histogram, same request
 
 
 def steady_decode(streams: Sequence[Sequence[float]]) -> DecodeTiming:

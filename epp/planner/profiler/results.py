@@ -49,6 +49,7 @@ class PrefillResult:
     isl: int
     ttft_ms: float
     num_gpus: int = 1
+    server_ttft_ms: float | None = None  # the server's own TTFT, when it reports one
 
     @property
     def thpt_per_gpu(self) -> float:
@@ -64,6 +65,7 @@ class DecodeResult:
     load: DecodeLoad
     itl_ms: float
     thpt_per_gpu: float
+    server_itl_ms: float | None = None  # the server's own mean ITL, when it reports one
 
 
 def prefill_arrays(points: Sequence[PrefillResult]) -> dict[str, np.ndarray]:

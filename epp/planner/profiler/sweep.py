@@ -16,6 +16,12 @@
   caching on, which is vLLM V1's default.
 - **KV capacity** is `num_gpu_blocks * block_size` of `vllm:cache_config_info` on
   `/metrics`; `max_model_len` comes from `/v1/models`.
+- **The server's own view**: around each measurement the TTFT and inter-token
+  histograms of `/metrics` are read; the change in `_sum / _count` is the server's mean
+  over exactly the measured requests (the profiler must be the server's only client).
+  Reported beside the client's numbers (`summary.json`), it separates network and
+  client overhead from the engine's own latency. Not used in the NPZ files: like
+  Dynamo's AIPerf runs, those hold what a client sees.
 """
 
 from __future__ import annotations
@@ -25,17 +31,19 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 
 from epp.datalayer import promtext
-from epp.planner.profiler.measure import DecodeTiming, steady_decode
+from epp.planner.profiler.measure import DecodeTiming, PrefillTiming, steady_decode
 from epp.planner.profiler.plan import DecodeLoad, EndpointLimits
 from epp.planner.profiler.results import Endpoint
 
 TOKEN_IDS = (1000, 4000)
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 REQUEST_TIMEOUT_S = 600.0
 
 
@@ -97,6 +105,27 @@ class HttpTarget:
             max_len = kv_tokens
         return EndpointLimits(max_kv_tokens=kv_tokens, max_model_len=max_len)
 
+    async def _histogram_totals(self) -> dict[str, tuple[float, float]]:
+        """(sum, count) of the TTFT and ITL histograms, summed over label sets."""
+        text = await self._get("/metrics")
+        found = promtext.parse(text, [TTFT_HISTOGRAM, ITL_HISTOGRAM])
+        out = {}
+        for family, samples in found.items():
+            total = sum(s.value for s in samples if s.name == family + "_sum")
+            n = sum(s.value for s in samples if s.name == family + "_count")
+            out[family] = (total, n)
+        return out
+
+    @staticmethod
+    def _mean_ms(
+        before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], name: str
+    ) -> float | None:
+        if name not in before or name not in after:
+            return None
+        total = after[name][0] - before[name][0]
+        n = after[name][1] - before[name][1]
+        return 1000 * total / n if n > 0 else None
+
     # -- measurements ------------------------------------------------------------------
 
     def _prompt(self, isl: int) -> list[int]:
@@ -143,16 +172,22 @@ class HttpTarget:
             raise SweepError(f"POST {url}: the stream carried no token")
         return sent, times
 
-    async def prefill_ttft_ms(self, isl: int, osl: int) -> float:
+    async def prefill(self, isl: int, osl: int) -> PrefillTiming:
+        before = await self._histogram_totals()
         sent, times = await self._stream(self._prompt(isl), osl)
-        return 1000 * (times[0] - sent) * self.time_scale
+        after = await self._histogram_totals()
+        ttft = 1000 * (times[0] - sent) * self.time_scale
+        return PrefillTiming(ttft, self._mean_ms(before, after, TTFT_HISTOGRAM))
 
     async def decode(self, load: DecodeLoad) -> DecodeTiming:
         prompts = [self._prompt(load.isl) for _ in range(load.num_request)]
         await asyncio.gather(*(self._stream(p, 1) for p in prompts))
+        before = await self._histogram_totals()
         runs = await asyncio.gather(*(self._stream(p, load.osl) for p in prompts))
+        after = await self._histogram_totals()
         scale = self.time_scale
-        return steady_decode([[t * scale for t in times] for _, times in runs])
+        timing = steady_decode([[t * scale for t in times] for _, times in runs])
+        return replace(timing, server_itl_ms=self._mean_ms(before, after, ITL_HISTOGRAM))
 
 
 def open_session() -> aiohttp.ClientSession:

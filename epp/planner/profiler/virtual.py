@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import count
 
-from epp.planner.profiler.measure import DecodeTiming, steady_decode
+from epp.planner.profiler.measure import DecodeTiming, PrefillTiming, steady_decode
 from epp.planner.profiler.plan import DecodeLoad, EndpointLimits
 from epp.planner.profiler.results import Endpoint
 from epp.sim import presets
@@ -93,10 +93,10 @@ class VirtualTarget:
         c = self.config
         return EndpointLimits(c.num_gpu_blocks * c.block_size, c.model_len)
 
-    async def prefill_ttft_ms(self, isl: int, osl: int) -> float:
+    async def prefill(self, isl: int, osl: int) -> PrefillTiming:
         req = SimRequest(self._prompt(isl), osl, Channel(stream=False))
         _Engine(self.config).run([req])
-        return 1000 * (req.first_token_at - req.arrival)  # type: ignore[operator]
+        return PrefillTiming(1000 * (req.first_token_at - req.arrival))  # type: ignore[operator]
 
     async def decode(self, load: DecodeLoad) -> DecodeTiming:
         engine = _Engine(self.config)
