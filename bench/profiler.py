@@ -7,7 +7,7 @@ the two NPZ files point by point, and the prefill TTFT interpolated halfway betw
 grid points (linear in ISL).
 
     .venv/bin/python bench/profiler.py                  # 8B preset, time scale 1
-    .venv/bin/python bench/profiler.py --time-scale 2 --out /tmp/prof
+    .venv/bin/python bench/profiler.py --time-scale 0.25 -- --decode-osl 200   # busy machine
 
 Prints one row per point (HTTP / virtual, and the ratio) and the worst ratios; copies
 the HTTP run's two PNGs to docs/profiler_{prefill,decode}.png with `--docs`.
@@ -55,7 +55,9 @@ def main() -> int:
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--out", type=Path, default=Path("/tmp/epp-profile-bench"))
     ap.add_argument("--docs", action="store_true", help="copy the PNGs into docs/")
+    ap.add_argument("extra", nargs="*", help="after --: more `epp profile` flags (override)")
     args = ap.parse_args()
+    plan = [*PLAN, *args.extra]
     http_dir, virt_dir = args.out / "http", args.out / "virtual"
     with ProcessGroup() as pg:
         sim = pg.start(
@@ -65,9 +67,9 @@ def main() -> int:
             ready=LogReady(r"listening on http://"),
         )  # fmt: skip
         url = sim.output().split("listening on ")[1].split()[0]
-        epp("profile", "--url", url, "--time-scale", str(args.time_scale), *PLAN,
+        epp("profile", "--url", url, "--time-scale", str(args.time_scale), *plan,
             "-o", str(http_dir), "--no-progress")  # fmt: skip
-    epp("profile", "--virtual-preset", args.preset, *PLAN, "-o", str(virt_dir), "--no-progress")
+    epp("profile", "--virtual-preset", args.preset, *plan, "-o", str(virt_dir), "--no-progress")
 
     hp, vp = load(http_dir, "prefill"), load(virt_dir, "prefill")
     assert (hp["prefill_isl"] == vp["prefill_isl"]).all()
