@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.completion import ResponseObserver
+from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
 from epp.datalayer.endpoints_file import (
@@ -34,7 +36,7 @@ from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
 from epp.scheduling.interfaces import Lifecycle
-from epp.scheduling.registry import Handle
+from epp.scheduling.registry import Handle, PluginImportError
 
 log = logging.getLogger("epp")
 
@@ -56,6 +58,9 @@ class ServeOptions:
     # `extra_endpoints` (from --endpoint flags) stay beside it.
     watch_file: str | None = None
     extra_endpoints: list[Endpoint] = field(default_factory=list)
+    # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
+    # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
+    response_path: bool = True
 
 
 class EppServer:
@@ -66,7 +71,7 @@ class EppServer:
     ) -> None:
         self.options = options
         rng = random.Random(seed)
-        self.config = config or load_default_config(Handle(rng=rng))
+        self.config = config or load_default_config(Handle(rng=rng), install_plugins())
         self.datastore = Datastore(
             staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
         )
@@ -74,7 +79,13 @@ class EppServer:
         handle = self.config.handle
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
-        self.director = Director(self.datastore, self.config, rng)
+        self.director = Director(
+            self.datastore, self.config.scheduler, self.config.pre_request, rng
+        )
+        # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
+        self.observer = (
+            ResponseObserver(self.config.post_response) if options.response_path else None
+        )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
@@ -98,7 +109,13 @@ class EppServer:
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
             )
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
-            self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
+            self.director,
+            self.datastore,
+            o.host,
+            o.grpc_port,
+            o.health_port,
+            o.max_body_bytes,
+            self.observer,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -174,6 +191,7 @@ async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[
                 "kv_cache_usage": s.metrics.kv_cache_usage,
                 "inflight_requests": s.inflight_requests,
                 "inflight_tokens": s.inflight_tokens,
+                "inflight_prefill_tokens": s.inflight_prefill_tokens,
             }
             for s in ds.snapshot()
         ]
@@ -238,6 +256,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pool-name", default="default", help="the name label of inference_pool_* gauges"
     )
+    p.add_argument(
+        "--response-path",
+        choices=["on", "off"],
+        default="on",
+        help="measure responses (TTFT, ITL, usage, metrics, PostResponse plugins) and hold "
+        "in-flight counts until each response ends (on, the default; Envoy must send the "
+        "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
+        "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -254,7 +281,12 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     if dupes:
         raise EndpointsError(f"duplicate endpoint names across --endpoints/--endpoint: {dupes}")
     handle = Handle(rng=random.Random(args.seed))
-    config = load_config_file(args.config, handle) if args.config else load_default_config(handle)
+    registry = install_plugins()
+    config = (
+        load_config_file(args.config, handle, registry)
+        if args.config
+        else load_default_config(handle, registry)
+    )
     for name in ("refresh_metrics_interval", "metrics_staleness_threshold", "scrape_timeout"):
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
@@ -273,6 +305,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
+        response_path=args.response_path == "on",
     )
     return opts, config
 
@@ -283,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError) as e:
+    except (ConfigError, EndpointsError, PluginImportError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
     if not opts.endpoints and not opts.watch_file:
