@@ -265,6 +265,7 @@ def test_cli_virtual_writes_dynamos_files(tmp_path, capsys):
         (["--virtual-preset", "nope"], "unknown preset"),
         (["--virtual-preset", "tiny", "--itl", "0"], "--ttft and --itl must be > 0"),
         (["--virtual-preset", "tiny"], "exceeds the server's max_model_len 1024"),
+        (["--virtual-preset", "tiny", "--time-scale", "20"], "--time-scale and --seed apply"),
     ],
 )  # fmt: skip
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):

@@ -156,6 +156,11 @@ def check_args(args: argparse.Namespace) -> None:
         presets.get(args.virtual_preset)  # ValueError names the known ones
         if args.label or len(args.gpus) > 1:
             raise ValueError("--virtual-preset takes at most one --gpus and no --label")
+        if args.time_scale != 1.0 or args.seed != 0:
+            raise ValueError(
+                "--time-scale and --seed apply to --url (virtual time has no scale, and its"
+                " prompts are distinct by construction)"
+            )
     if args.ttft <= 0 or args.itl <= 0:
         raise ValueError("--ttft and --itl must be > 0 (milliseconds)")
     if args.time_scale <= 0:
