@@ -3,6 +3,8 @@ can work out on paper."""
 
 from __future__ import annotations
 
+import functools
+
 from epp.planner.config import parse_planner_config
 from epp.planner.perf import Profile
 from epp.planner.types import EMPTY, EndpointLoad, Observation, Replicas, Role, RoleLoad, Stats
@@ -27,6 +29,7 @@ DECODE = {
 }
 
 
+@functools.cache  # immutable; building the decode grid costs a scipy griddata
 def profile() -> Profile:
     return Profile.from_arrays(PREFILL, DECODE, "synthetic")
 
