@@ -1,0 +1,350 @@
+"""This project's SLA mode: Dynamo SLA-v1's pipeline (predict → correct → size against
+the profile), with the improvements of reference §10, each a `BeyondParams` switch so
+the replay can measure it alone.
+
+Per interval:
+
+1. **Demand is admitted requests** (`obs.arrivals`), not completions: under
+   backpressure completions hide the backlog (Dynamo #11693). ISL/OSL of an interval
+   without requests keep their last value (a quiet minute says nothing about prompt
+   lengths); the request count is fed as 0.
+2. **Idle** (`idle-scale-down`, #6985): an interval without traffic is sized like any
+   other, on demand 0, so the pool decays towards `min-endpoint` (to zero with
+   `min-endpoint: 0` and `min-gpu-budget: 0`) through the hysteresis below. Off:
+   the interval is skipped, as Dynamo does.
+3. **Correction factors** (unless `no-correction`), on the SLA statistic
+   (`sla-percentile`, default p90, Dynamo: the mean): observed / what the model
+   predicts at the observed load and replicas. Both may exceed 1 (Dynamo's
+   `min(1, p)` may not); they are clamped to [0.2, 5] and smoothed (half old, half
+   new) instead of taken raw, and **frozen while replicas start** and for the
+   interval after a scale-up (`freeze-correction-on-startup`; cold caches made
+   Dynamo over-compensate, #2511).
+4. **Forecast horizon** (`startup-time`): a replica asked for now serves after
+   start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
+   takes the largest of them, at the `forecast-quantile` upper bound
+   (`predict_upper`), not the point forecast.
+5. **Prefill sizing.** Service time per prompt = profiled batch-1 TTFT of its
+   *uncached* tokens × the prefill correction. `distribution-aware-prefill`: over the
+   interval's sampled prompt lengths (TTFT is convex in ISL: t(mean ISL) under-sizes
+   heavy tails, §10.1); off: t(mean ISL). `queue-aware-prefill`: the fewest replicas
+   whose waiting time (G/G/c, `queueing.py`) plus service stays within the TTFT SLA
+   at the SLA percentile (#10528); off: ceil(offered load), Dynamo's throughput rule.
+6. **Decode sizing**, as Dynamo: the best throughput per GPU whose ITL meets
+   `itl / d_correction` at context `isl + osl/2`, demand = rate × OSL.
+7. **Aggregated pools** share each replica between prefill and decode (time sharing):
+   N = ceil(prefill load + decode load) in replicas; queue-aware, the fewest N whose
+   prefill queue meets the TTFT SLA when each replica has 1 − D/N of its time for
+   prefill (D = decode load in replicas).
+8. **Hysteresis and cooldown** (#9294): scale up at once; scale down only after the
+   sized target stayed below the current count for `scale-down-intervals`
+   consecutive intervals (to the largest of those targets), and never within
+   `scale-down-cooldown` intervals of a scale-up. The sized target is already the
+   smallest count predicted to meet the SLA with the whole load on it, which is the
+   N−1 test of #9294 (the remaining replicas absorb the N/(N−1) load).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from epp.planner.config import PlannerConfig
+from epp.planner.mode import Proposal, current
+from epp.planner.perf import Profile
+from epp.planner.predictors import LoadPredictors, build_load_predictors
+from epp.planner.queueing import smallest_servers, wait_mean, wait_quantile
+from epp.planner.types import Observation, PredictedLoad, Role
+
+CORRECTION_RANGE = (0.2, 5.0)
+CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
+MIN_WAIT_SHARE = 0.1  # when service alone breaks the TTFT SLA, still cap waits at 10 % of it
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+class SlaMode:
+    name = "epp"
+
+    def __init__(
+        self, config: PlannerConfig, profile: Profile, predictors: LoadPredictors | None = None
+    ) -> None:
+        self._cfg = config
+        self._x = config.beyond
+        self._profile = profile
+        self._interval = config.interval_s
+        self._roles = config.roles
+        self._agg = config.planner.pool == "aggregated"
+        self._decode = Role.AGGREGATED if self._agg else Role.DECODE
+        self._prefill = Role.AGGREGATED if self._agg else Role.PREFILL
+        self.predictors = predictors or build_load_predictors(config.predictor, self._interval)
+        self.horizon = math.ceil(self._x.startup_time / self._interval) + 1
+        self.p_correction = 1.0
+        self.d_correction = 1.0
+        self._q = QUANTILES.get(self._x.sla_percentile)  # None: the mean
+        self._isl_samples: tuple[int, ...] = ()
+        self._last_isl = math.nan
+        self._last_osl = math.nan
+        self._cache_share = 0.0
+        self._since_up = 1_000_000
+        self._streak: dict[Role, int] = {}
+        self._streak_max: dict[Role, int] = {}
+
+    # -- the step ---------------------------------------------------------------------
+    def propose(self, now: float, obs: Observation) -> Proposal:
+        have = current(obs, self._roles)
+        self._remember(obs)
+        isl = _mean(obs.isl_samples) if obs.isl_samples else obs.isl.mean
+        self.predictors.add(
+            float(obs.arrivals),
+            isl if not math.isnan(isl) else self._last_isl,
+            obs.osl.mean if not math.isnan(obs.osl.mean) else self._last_osl,
+        )
+        if obs.idle and not self._x.idle_scale_down:
+            return Proposal(have, "no traffic: skipping the interval (idle-scale-down off)")
+        diag: dict[str, float] = {}
+        if not self._cfg.sla.no_correction:
+            self._correct(obs, diag)
+        pred = self._forecast()
+        sized, demand, notes = self._size(pred, diag)
+        targets, why = self._hysteresis(sized, have)
+        diag |= {
+            "p_correction": self.p_correction,
+            "d_correction": self.d_correction,
+            "horizon_intervals": float(self.horizon),
+        }
+        diag |= {f"sized_{r.value}": float(n) for r, n in sized.items()}
+        reason = (
+            f"forecast {pred.requests:.1f} req/interval (q{self._x.forecast_quantile:g}, "
+            f"{self.horizon} interval(s) ahead), ISL {pred.isl:.0f}, OSL {pred.osl:.0f}; "
+            + "; ".join(notes + why)
+        )
+        return Proposal(targets, reason, predicted=pred, demand=demand, diagnostics=diag)
+
+    def committed(self, targets: Mapping[Role, int], obs: Observation) -> None:
+        if any(targets.get(r, 0) > obs.replicas_of(r).active for r in self._roles):
+            self._since_up = 0
+            self._streak.clear()
+            self._streak_max.clear()
+        else:
+            self._since_up += 1
+
+    # -- 1. what the interval says about requests ----------------------------------
+    def _remember(self, obs: Observation) -> None:
+        if obs.isl_samples:
+            self._isl_samples = obs.isl_samples
+        if not math.isnan(obs.isl.mean):
+            self._last_isl = obs.isl.mean
+        if not math.isnan(obs.osl.mean):
+            self._last_osl = obs.osl.mean
+        if obs.cached_tokens.count and obs.isl.mean > 0:
+            self._cache_share = min(1.0, max(0.0, obs.cached_tokens.mean / obs.isl.mean))
+
+    def _stat(self, stats_value) -> float:  # type: ignore[no-untyped-def]
+        return stats_value.at(self._x.sla_percentile)
+
+    # -- 3. correction factors ----------------------------------------------------------
+    def _correct(self, obs: Observation, diag: dict[str, float]) -> None:
+        starting = any(obs.replicas_of(r).starting for r in self._roles)
+        if self._x.freeze_correction_on_startup and (starting or self._since_up < 1):
+            diag["correction_frozen"] = 1.0
+            return
+        if obs.completions == 0:
+            return
+        lam = obs.arrivals / max(obs.length_s, 1e-9)
+        ready_p = obs.replicas_of(self._prefill).ready
+        ready_d = obs.replicas_of(self._decode).ready
+        ctx = obs.isl.mean + obs.osl.mean / 2
+        ttft_obs = self._stat(obs.ttft_ms)
+        itl_obs = self._stat(obs.itl_ms)
+        # decode first: the aggregated TTFT model needs the decode share
+        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
+            running = obs.role(self._decode).running_mean
+            if math.isnan(running):  # Little's law, as Dynamo
+                running = obs.completions / obs.length_s * obs.duration_s.mean
+            expected = self._profile.decode.itl(running / ready_d, ctx)
+            self.d_correction = _smooth(self.d_correction, itl_obs / expected)
+            diag["expected_itl_ms"] = expected
+        if ready_p > 0 and not math.isnan(ttft_obs):
+            samples = self._service_samples(obs.isl.mean, correction=1.0)
+            decode_load = 0.0
+            if self._agg:
+                decode_load = self._decode_load(lam, obs.isl.mean, obs.osl.mean, self.d_correction)[
+                    0
+                ]
+            expected = self._ttft_ms(ready_p, lam, samples, decode_load)
+            if math.isfinite(expected) and expected > 0:
+                self.p_correction = _smooth(self.p_correction, ttft_obs / expected)
+                diag["expected_ttft_ms"] = expected
+
+    # -- 4. forecast ------------------------------------------------------------------
+    def _forecast(self) -> PredictedLoad:
+        q = self._x.forecast_quantile
+        steps = [
+            self.predictors.predict(k) if q <= 0.5 else self.predictors.predict_upper(k, q)
+            for k in range(1, self.horizon + 1)
+        ]
+        isl = max(s.isl for s in steps)
+        osl = max(s.osl for s in steps)
+        return PredictedLoad(
+            requests=max(s.requests for s in steps),
+            isl=isl if isl > 0 else _nan_to(self._last_isl, 0.0),
+            osl=osl if osl > 0 else _nan_to(self._last_osl, 0.0),
+            horizon_s=self._interval * self.horizon,
+        )
+
+    # -- 5-7. sizing ------------------------------------------------------------------
+    def _size(
+        self, pred: PredictedLoad, diag: dict[str, float]
+    ) -> tuple[dict[Role, int], dict[Role, float], list[str]]:
+        lam = pred.requests / self._interval
+        notes: list[str] = []
+        d_need, best_met, d_thpt = self._decode_load(lam, pred.isl, pred.osl, self.d_correction)
+        diag |= {"decode_thpt_per_gpu": d_thpt, "decode_itl_met": float(best_met)}
+        if not best_met:
+            notes.append("ITL target below every profiled point: sized at the lowest KV use")
+        samples = self._service_samples(pred.isl, self.p_correction)
+        mean_s = _mean(samples) if samples else 0.0
+        a = lam * mean_s  # prefill offered load, replicas
+        diag |= {"prefill_service_ms": mean_s * 1000, "prefill_load": a, "decode_load": d_need}
+        if self._agg:
+            n = self._aggregated(lam, samples, a, d_need)
+            return {Role.AGGREGATED: n}, {Role.AGGREGATED: a + d_need}, notes
+        if self._x.queue_aware_prefill:
+            n_p = self._queue_replicas(lam, samples, 0.0)
+        else:
+            n_p = math.ceil(a - 1e-9)
+        return (
+            {Role.PREFILL: n_p, Role.DECODE: math.ceil(d_need - 1e-9)},
+            {
+                Role.PREFILL: max(a, float(n_p) if self._x.queue_aware_prefill else a),
+                Role.DECODE: d_need,
+            },
+            notes,
+        )
+
+    def _decode_load(
+        self, lam: float, isl: float, osl: float, correction: float = 1.0
+    ) -> tuple[float, bool, float]:
+        """Decode replicas the rate needs (fractional), whether the ITL target is
+        reachable, and the throughput per GPU used."""
+        if lam <= 0 or not osl > 0:
+            return 0.0, True, math.nan
+        target = self._cfg.sla.itl / correction if correction > 0 else self._cfg.sla.itl
+        best = self._profile.decode.find_best_throughput_per_gpu(target, isl + osl / 2)
+        gpus = self._cfg.budget.decode_engine_num_gpu
+        if best.thpt_per_gpu <= 0:
+            return math.inf, False, 0.0
+        return lam * osl / best.thpt_per_gpu / gpus, best.met, best.thpt_per_gpu
+
+    def _service_samples(self, isl: float, correction: float) -> list[float]:
+        """Prefill service times (s) of the prompts to come: the sampled prompt lengths
+        rescaled to the forecast mean, uncached share only, × the correction."""
+        if not isl > 0:
+            return []
+        uncached = 1.0 - self._cache_share
+        if self._x.distribution_aware_prefill and self._isl_samples:
+            scale = isl / _mean(self._isl_samples)
+            lengths = [s * scale * uncached for s in self._isl_samples]
+        else:
+            lengths = [isl * uncached]
+        ttft_ms = self._profile.prefill.ttft_many(lengths)
+        return [float(t) / 1000.0 * correction for t in ttft_ms]
+
+    def _queue_params(self, samples: Sequence[float]) -> tuple[float, float, float]:
+        """(mean service, service quantile, (ca² + cs²)/2)."""
+        mean_s = _mean(samples)
+        var = _mean([(s - mean_s) ** 2 for s in samples])
+        cs2 = var / mean_s**2 if mean_s > 0 else 0.0
+        svc_q = mean_s if self._q is None else _quantile(samples, self._q)
+        return mean_s, svc_q, (self._x.arrival_scv + cs2) / 2
+
+    def _ttft_ms(self, c: int, lam: float, samples: Sequence[float], decode_load: float) -> float:
+        """The model's TTFT (ms, at the SLA statistic) with `c` replicas, of which
+        `decode_load` replicas' worth of time goes to decoding (aggregated pools)."""
+        if not samples:
+            return math.nan
+        share = 1.0 - decode_load / c if c > 0 else 0.0
+        if share <= 0:
+            return math.inf
+        mean_s, svc_q, scv = self._queue_params([s / share for s in samples])
+        a = lam * mean_s
+        if self._q is None:
+            return (mean_s + wait_mean(c, a, mean_s, scv)) * 1000
+        return (svc_q + wait_quantile(c, a, mean_s, self._q, scv)) * 1000
+
+    def _queue_replicas(self, lam: float, samples: Sequence[float], decode_load: float) -> int:
+        if lam <= 0 or not samples:
+            return 0
+        mean_s, svc_q, scv = self._queue_params(samples)
+        sla = self._cfg.sla.ttft / 1000
+        budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
+        return smallest_servers(lam * mean_s, mean_s, budget, self._q, scv)
+
+    def _aggregated(self, lam: float, samples: list[float], a: float, d_need: float) -> int:
+        """Replicas for a pool whose replicas both prefill and decode."""
+        if lam <= 0:
+            return 0
+        floor_n = math.ceil(a + d_need - 1e-9)
+        if not self._x.queue_aware_prefill or not samples or not math.isfinite(d_need):
+            return max(floor_n, 1)
+        sla_ms = self._cfg.sla.ttft
+        n = max(1, math.floor(a + d_need) + 1)
+        for _ in range(10_000):
+            if self._ttft_ms(n, lam, samples, d_need) <= sla_ms:
+                return n
+            n += 1
+        return n
+
+    # -- 8. hysteresis -------------------------------------------------------------------
+    def _hysteresis(
+        self, sized: Mapping[Role, int], have: Mapping[Role, int]
+    ) -> tuple[dict[Role, int], list[str]]:
+        out: dict[Role, int] = {}
+        notes: list[str] = []
+        k, cooldown = self._x.scale_down_intervals, self._x.scale_down_cooldown
+        for r in self._roles:
+            want, now = sized.get(r, 0), have.get(r, 0)
+            if want >= now:
+                self._streak.pop(r, None)
+                self._streak_max.pop(r, None)
+                out[r] = want
+                if want > now:
+                    notes.append(f"{r.value} {now}->{want}")
+                continue
+            if self._since_up < cooldown:
+                out[r] = now
+                notes.append(f"{r.value} wants {want}: cooldown after scale-up")
+                continue
+            self._streak[r] = self._streak.get(r, 0) + 1
+            self._streak_max[r] = max(self._streak_max.get(r, 0), want)
+            if self._streak[r] >= k:
+                out[r] = self._streak_max.pop(r)
+                self._streak.pop(r)
+                notes.append(f"{r.value} {now}->{out[r]} (below for {k} interval(s))")
+            else:
+                out[r] = now
+                notes.append(f"{r.value} wants {want}: {self._streak[r]}/{k} intervals below")
+        if not notes:
+            notes.append("no change")
+        return out, notes
+
+
+def _smooth(old: float, measured: float) -> float:
+    lo, hi = CORRECTION_RANGE
+    if not math.isfinite(measured) or measured <= 0:
+        return old
+    clamped = min(hi, max(lo, measured))
+    return (1 - CORRECTION_WEIGHT) * old + CORRECTION_WEIGHT * clamped
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Nearest rank, as `types.Stats`."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _nan_to(x: float, default: float) -> float:
+    return default if math.isnan(x) else x
