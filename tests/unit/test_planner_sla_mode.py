@@ -8,6 +8,7 @@ Profile (tests/planner_helpers.py) unless said otherwise: prefill TTFT = ISL/40 
 from __future__ import annotations
 
 import functools
+import random
 
 import pytest
 
@@ -211,3 +212,24 @@ def test_prefill_correction_above_one_adds_replicas():
     d = pol.step(60, obs(completions=1200, ttft=150, replicas=pd(20, 1)))
     assert pol.mode.p_correction == pytest.approx(1.5)
     assert d.diagnostics["prefill_load"] == pytest.approx(2.25) and d.targets[P] == 3
+
+
+def scale_actions(**settings) -> int:
+    """Replica changes over 60 intervals of a seeded load hovering around a replica
+    boundary: 1200 ± 15 % req/min, 20 req/s × (75 ms + 600 / 10 000 s) = 2.7 replicas."""
+    rng = random.Random(0)
+    pol = epp(pool="aggregated", max_gpu_budget=None, **settings)
+    n, actions = 3, 0
+    for i in range(1, 61):
+        reqs = int(1200 * (1 + rng.uniform(-0.15, 0.15)))
+        d = pol.step(60 * i, obs(60 * i, completions=reqs, osl=600, replicas=agg(n)))
+        actions += d.targets[A] != n
+        n = d.targets[A]
+    return actions
+
+
+def test_hysteresis_and_cooldown_damp_flapping():
+    # constant predictor: every interval's noise reaches the sizing (14 vs 9 actions on seed 0)
+    flappy = scale_actions(scale_down_intervals=1, scale_down_cooldown=0)
+    damped = scale_actions(scale_down_intervals=3, scale_down_cooldown=2)
+    assert damped < flappy
