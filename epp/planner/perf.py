@@ -240,6 +240,20 @@ class DecodePerf:
                 )
         return BestThroughput(float(self.thpt_grid[iy, 0]), float(row[0]), float(self.xi[0]), False)
 
+    def least_itl_point(self, context_length: float) -> BestThroughput:
+        """When no point meets an ITL target: the point with the lowest ITL among those
+        that produce tokens (more than 0.1 % of the row's best; Dynamo's fallback, the
+        KV-0 cell, may produce none)."""
+        iy = self._row(context_length)
+        floor = 1e-3 * float(self.thpt_grid[iy].max())  # interpolation noise is not output
+        producing = [ix for ix in range(len(self.xi)) if self.thpt_grid[iy, ix] > floor]
+        if not producing:
+            return BestThroughput(0.0, float(self.itl_grid[iy, 0]), 0.0, False)
+        ix = min(producing, key=lambda i: (self.itl_grid[iy, i], -i))
+        return BestThroughput(
+            float(self.thpt_grid[iy, ix]), float(self.itl_grid[iy, ix]), float(self.xi[ix]), False
+        )
+
 
 def _fill(
     x: np.ndarray, y: np.ndarray, z: np.ndarray, gx: np.ndarray, gy: np.ndarray, method: str

@@ -200,7 +200,7 @@ class SlaMode:
         d_need, best_met, d_thpt = self._decode_load(lam, pred.isl, pred.osl, self.d_correction)
         diag |= {"decode_thpt_per_gpu": d_thpt, "decode_itl_met": float(best_met)}
         if not best_met:
-            notes.append("ITL target below every profiled point: sized at the lowest KV use")
+            notes.append("ITL target below every profiled point: sized at the lowest-ITL point")
         samples = self._service_samples(pred.isl, self.p_correction)
         mean_s = _mean(samples) if samples else 0.0
         a = lam * mean_s  # prefill offered load, replicas
@@ -229,10 +229,13 @@ class SlaMode:
         if lam <= 0 or not osl > 0:
             return 0.0, True, math.nan
         target = self._cfg.sla.itl / correction if correction > 0 else self._cfg.sla.itl
-        best = self._profile.decode.find_best_throughput_per_gpu(target, isl + osl / 2)
+        decode = self._profile.decode
+        best = decode.find_best_throughput_per_gpu(target, isl + osl / 2)
+        if not best.met:
+            best = decode.least_itl_point(isl + osl / 2)
+        if best.thpt_per_gpu <= 0:  # a profile whose every cell is 0 tok/s: nothing to size
+            return 0.0, False, 0.0
         gpus = self._cfg.budget.decode_engine_num_gpu
-        if best.thpt_per_gpu <= 0:
-            return math.inf, False, 0.0
         return lam * osl / best.thpt_per_gpu / gpus, best.met, best.thpt_per_gpu
 
     def _service_samples(self, isl: float, correction: float) -> list[float]:

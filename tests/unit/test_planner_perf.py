@@ -82,6 +82,13 @@ def test_unreachable_itl_says_so():
     best = d.find_best_throughput_per_gpu(4.0, 3000)  # below the 5 ms floor
     # Dynamo returns the ix = 0 cell silently; we return it with met=False
     assert not best.met and best.kv_usage == 0.0 and best.itl_ms == pytest.approx(5.0)
+    assert best.thpt_per_gpu == pytest.approx(
+        0.0, abs=1e-3
+    )  # 4000 × 0: the KV-0 cell decodes nothing
+    # the lowest ITL that produces tokens: column 1 (KV 1/99), ITL 5 + 20/99, 4000/99 tok/s
+    floor = d.least_itl_point(3000)
+    assert not floor.met and floor.kv_usage == pytest.approx(1 / 99)
+    assert floor.thpt_per_gpu == pytest.approx(4000 / 99)
 
 
 def test_few_prefill_points_and_one_context_fall_back():

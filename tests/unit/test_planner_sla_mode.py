@@ -233,3 +233,11 @@ def test_hysteresis_and_cooldown_damp_flapping():
     flappy = scale_actions(scale_down_intervals=1, scale_down_cooldown=0)
     damped = scale_actions(scale_down_intervals=3, scale_down_cooldown=2)
     assert damped < flappy
+
+
+def test_unreachable_itl_sizes_at_the_lowest_itl_point_and_says_so():
+    # ITL target 4 ms < the profile's 5 ms floor: sized at the lowest-ITL point that
+    # produces tokens (KV 0 here, 10 000 tok/s): 6000 × 150 / 60 / 10 000 = 1.5 -> 2
+    d = epp(itl=4).step(60, obs(completions=6000, replicas=pd(1, 1)))
+    assert d.targets[D] == 2 and d.diagnostics["decode_itl_met"] == 0.0
+    assert "ITL target below every profiled point" in d.reason
