@@ -184,13 +184,12 @@ class BeyondParams:
         doc="an interval without traffic is demand 0 (scale towards min-endpoint); "
         "false skips it as Dynamo does (#6985)",
     )
-    scale_down_intervals: int = param(
-        2,
-        min=1,
-        doc="consecutive intervals a smaller target must persist before scaling down",
-    )
-    scale_down_cooldown: int = param(
-        2, min=0, doc="intervals after a scale-up during which no scale-down happens"
+    scale_down_window: float = param(
+        300.0,
+        min=0.0,
+        doc="seconds of stabilization: a role scales down only to the largest target sized "
+        "within this window, so a smaller target must hold for the whole window and no "
+        "scale-down follows a scale-up sooner (the HPA/AIBrix APA 300 s default)",
     )
     startup_time: float = param(
         120.0,

@@ -15,10 +15,13 @@ Per interval:
 3. **Correction factors** (unless `no-correction`), on the SLA statistic
    (`sla-percentile`, default p90, Dynamo: the mean): observed / what the model
    predicts at the observed load and replicas. Both may exceed 1 (Dynamo's
-   `min(1, p)` may not); they are clamped to [0.2, 5] and smoothed (half old, half
-   new) instead of taken raw, and **frozen while replicas start** and for the
-   interval after a scale-up (`freeze-correction-on-startup`; cold caches made
-   Dynamo over-compensate, #2511).
+   `min(1, p)` may not); they are clamped to [1/3, 3] and smoothed (half old, half
+   new) instead of taken raw. They are not updated from an interval whose role had
+   more than one request waiting per replica (an overload says "too few replicas",
+   which the sizing already answers, not "the profile is off"; learning from it made
+   the factors run away), and are **frozen while replicas start** and for the
+   interval after a scale-up (`freeze-correction-on-startup`; cold caches made Dynamo
+   over-compensate, #2511).
 4. **Forecast horizon** (`startup-time`): a replica asked for now serves after
    start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
    takes the largest of them, at the `forecast-quantile` upper bound
@@ -35,17 +38,19 @@ Per interval:
    N = ceil(prefill load + decode load) in replicas; queue-aware, the fewest N whose
    prefill queue meets the TTFT SLA when each replica has 1 − D/N of its time for
    prefill (D = decode load in replicas).
-8. **Hysteresis and cooldown** (#9294): scale up at once; scale down only after the
-   sized target stayed below the current count for `scale-down-intervals`
-   consecutive intervals (to the largest of those targets), and never within
-   `scale-down-cooldown` intervals of a scale-up. The sized target is already the
-   smallest count predicted to meet the SLA with the whole load on it, which is the
-   N−1 test of #9294 (the remaining replicas absorb the N/(N−1) load).
+8. **Hysteresis and cooldown** (#9294), as a stabilization window
+   (`scale-down-window`, the 300 s of Kubernetes HPA and AIBrix APA): scale up at
+   once; scale down only to the largest target sized within the window, so a smaller
+   target must hold for the whole window, and no scale-down comes sooner than the
+   window after a scale-up. The sized target is already the smallest count
+   predicted to meet the SLA with the whole load on it, which is the N−1 test of
+   #9294 (the remaining replicas absorb the N/(N−1) load).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from epp.planner.config import PlannerConfig
@@ -55,10 +60,12 @@ from epp.planner.predictors import LoadPredictors, build_load_predictors
 from epp.planner.queueing import smallest_servers, wait_mean, wait_quantile
 from epp.planner.types import Observation, PredictedLoad, Role
 
-CORRECTION_RANGE = (0.2, 5.0)
+CORRECTION_RANGE = (1 / 3, 3.0)
+QUEUEING = 1.0  # waiting requests per replica above which an interval teaches no correction
 CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
 MIN_WAIT_SHARE = 0.1  # when service alone breaks the TTFT SLA, still cap waits at 10 % of it
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
 
 
 class SlaMode:
@@ -85,8 +92,7 @@ class SlaMode:
         self._last_osl = math.nan
         self._cache_share = 0.0
         self._since_up = 1_000_000
-        self._streak: dict[Role, int] = {}
-        self._streak_max: dict[Role, int] = {}
+        self._sized: dict[Role, deque[tuple[float, int]]] = {r: deque() for r in self._roles}
 
     # -- the step ---------------------------------------------------------------------
     def propose(self, now: float, obs: Observation) -> Proposal:
@@ -105,7 +111,7 @@ class SlaMode:
             self._correct(obs, diag)
         pred = self._forecast()
         sized, demand, notes = self._size(pred, diag)
-        targets, why = self._hysteresis(sized, have)
+        targets, why = self._hysteresis(now, sized, have)
         diag |= {
             "p_correction": self.p_correction,
             "d_correction": self.d_correction,
@@ -122,8 +128,6 @@ class SlaMode:
     def committed(self, targets: Mapping[Role, int], obs: Observation) -> None:
         if any(targets.get(r, 0) > obs.replicas_of(r).active for r in self._roles):
             self._since_up = 0
-            self._streak.clear()
-            self._streak_max.clear()
         else:
             self._since_up += 1
 
@@ -155,15 +159,19 @@ class SlaMode:
         ctx = obs.isl.mean + obs.osl.mean / 2
         ttft_obs = self._stat(obs.ttft_ms)
         itl_obs = self._stat(obs.itl_ms)
+        queued_p = obs.role(self._prefill).waiting_per_replica > QUEUEING  # NaN: False
+        queued_d = obs.role(self._decode).waiting_per_replica > QUEUEING
+        if queued_p or queued_d:
+            diag["correction_skipped_queueing"] = 1.0
         # decode first: the aggregated TTFT model needs the decode share
-        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
+        if ready_d > 0 and not queued_d and not math.isnan(itl_obs) and not math.isnan(ctx):
             running = obs.role(self._decode).running_mean
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
             expected = self._profile.decode.itl(running / ready_d, ctx)
             self.d_correction = _smooth(self.d_correction, itl_obs / expected)
             diag["expected_itl_ms"] = expected
-        if ready_p > 0 and not math.isnan(ttft_obs):
+        if ready_p > 0 and not queued_p and not math.isnan(ttft_obs):
             samples = self._service_samples(obs.isl.mean, correction=1.0)
             decode_load = 0.0
             if self._agg:
@@ -205,21 +213,18 @@ class SlaMode:
         mean_s = _mean(samples) if samples else 0.0
         a = lam * mean_s  # prefill offered load, replicas
         diag |= {"prefill_service_ms": mean_s * 1000, "prefill_load": a, "decode_load": d_need}
+        floor = self._cfg.budget.min_endpoint
         if self._agg:
             n = self._aggregated(lam, samples, a, d_need)
-            return {Role.AGGREGATED: n}, {Role.AGGREGATED: a + d_need}, notes
+            return {Role.AGGREGATED: max(n, floor)}, {Role.AGGREGATED: a + d_need}, notes
         if self._x.queue_aware_prefill:
-            n_p = self._queue_replicas(lam, samples, 0.0)
+            n_p = self._queue_replicas(lam, samples)
+            p_need = float(n_p)  # the queue model's answer is the need
         else:
-            n_p = math.ceil(a - 1e-9)
-        return (
-            {Role.PREFILL: n_p, Role.DECODE: math.ceil(d_need - 1e-9)},
-            {
-                Role.PREFILL: max(a, float(n_p) if self._x.queue_aware_prefill else a),
-                Role.DECODE: d_need,
-            },
-            notes,
-        )
+            n_p, p_need = math.ceil(a - 1e-9), a
+        n_d = math.ceil(d_need - 1e-9)
+        targets = {Role.PREFILL: max(n_p, floor), Role.DECODE: max(n_d, floor)}
+        return targets, {Role.PREFILL: p_need, Role.DECODE: d_need}, notes
 
     def _decode_load(
         self, lam: float, isl: float, osl: float, correction: float = 1.0
@@ -230,9 +235,13 @@ class SlaMode:
             return 0.0, True, math.nan
         target = self._cfg.sla.itl / correction if correction > 0 else self._cfg.sla.itl
         decode = self._profile.decode
-        best = decode.find_best_throughput_per_gpu(target, isl + osl / 2)
+        context = isl + osl / 2
+        best = decode.find_best_throughput_per_gpu(target, context)
+        if not best.met and target < self._cfg.sla.itl:
+            # the correction asks for less than the profile can do: size on the SLA itself
+            best = decode.find_best_throughput_per_gpu(self._cfg.sla.itl, context)
         if not best.met:
-            best = decode.least_itl_point(isl + osl / 2)
+            best = decode.least_itl_point(context)
         if best.thpt_per_gpu <= 0:  # a profile whose every cell is 0 tok/s: nothing to size
             return 0.0, False, 0.0
         gpus = self._cfg.budget.decode_engine_num_gpu
@@ -274,7 +283,9 @@ class SlaMode:
             return (mean_s + wait_mean(c, a, mean_s, scv)) * 1000
         return (svc_q + wait_quantile(c, a, mean_s, self._q, scv)) * 1000
 
-    def _queue_replicas(self, lam: float, samples: Sequence[float], decode_load: float) -> int:
+    def _queue_replicas(self, lam: float, samples: Sequence[float]) -> int:
+        """Disaggregated prefill: the fewest replicas whose wait stays within the
+        TTFT SLA minus the service time (at least MIN_WAIT_SHARE of the SLA)."""
         if lam <= 0 or not samples:
             return 0
         mean_s, svc_q, scv = self._queue_params(samples)
@@ -283,49 +294,53 @@ class SlaMode:
         return smallest_servers(lam * mean_s, mean_s, budget, self._q, scv)
 
     def _aggregated(self, lam: float, samples: list[float], a: float, d_need: float) -> int:
-        """Replicas for a pool whose replicas both prefill and decode."""
+        """Replicas for a pool whose replicas both prefill and decode: N replicas give
+        prefill 1 - D/N of their time, which stretches each prefill by N/(N - D)."""
         if lam <= 0:
             return 0
-        floor_n = math.ceil(a + d_need - 1e-9)
-        if not self._x.queue_aware_prefill or not samples or not math.isfinite(d_need):
-            return max(floor_n, 1)
-        sla_ms = self._cfg.sla.ttft
-        n = max(1, math.floor(a + d_need) + 1)
-        for _ in range(10_000):
-            if self._ttft_ms(n, lam, samples, d_need) <= sla_ms:
+        if not self._x.queue_aware_prefill or not samples:
+            return max(math.ceil(a + d_need - 1e-9), 1)
+        sla = self._cfg.sla.ttft / 1000
+        n = max(1, math.floor(a + d_need) + 1)  # stability: a·N/(N-D) < N  <=>  a + D < N
+        for _ in range(MAX_SEARCH):
+            share = 1.0 - d_need / n
+            mean_s, svc_q, scv = self._queue_params([x / share for x in samples])
+            budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
+            wait = (
+                wait_mean(n, lam * mean_s, mean_s, scv)
+                if self._q is None
+                else wait_quantile(n, lam * mean_s, mean_s, self._q, scv)
+            )
+            if wait <= budget:
                 return n
             n += 1
         return n
 
     # -- 8. hysteresis -------------------------------------------------------------------
     def _hysteresis(
-        self, sized: Mapping[Role, int], have: Mapping[Role, int]
+        self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int]
     ) -> tuple[dict[Role, int], list[str]]:
+        """Up at once; down only to the largest target sized within the window."""
         out: dict[Role, int] = {}
         notes: list[str] = []
-        k, cooldown = self._x.scale_down_intervals, self._x.scale_down_cooldown
+        window = self._x.scale_down_window
         for r in self._roles:
-            want, now = sized.get(r, 0), have.get(r, 0)
-            if want >= now:
-                self._streak.pop(r, None)
-                self._streak_max.pop(r, None)
+            want, now_n = sized.get(r, 0), have.get(r, 0)
+            recent = self._sized[r]
+            while recent and recent[0][0] <= now - window:
+                recent.popleft()
+            recent.append((now, want))
+            if want >= now_n:
                 out[r] = want
-                if want > now:
-                    notes.append(f"{r.value} {now}->{want}")
+                if want > now_n:
+                    notes.append(f"{r.value} {now_n}->{want}")
                 continue
-            if self._since_up < cooldown:
-                out[r] = now
-                notes.append(f"{r.value} wants {want}: cooldown after scale-up")
-                continue
-            self._streak[r] = self._streak.get(r, 0) + 1
-            self._streak_max[r] = max(self._streak_max.get(r, 0), want)
-            if self._streak[r] >= k:
-                out[r] = self._streak_max.pop(r)
-                self._streak.pop(r)
-                notes.append(f"{r.value} {now}->{out[r]} (below for {k} interval(s))")
+            held = max(n for _, n in recent)
+            out[r] = min(now_n, held)
+            if out[r] < now_n:
+                notes.append(f"{r.value} {now_n}->{out[r]} (largest target in {window:g} s)")
             else:
-                out[r] = now
-                notes.append(f"{r.value} wants {want}: {self._streak[r]}/{k} intervals below")
+                notes.append(f"{r.value} wants {want}: held at {now_n} by the last {window:g} s")
         if not notes:
             notes.append("no change")
         return out, notes
