@@ -16,10 +16,9 @@ Per interval:
    (`sla-percentile`, default p90, Dynamo: the mean): observed / what the model
    predicts at the observed load and replicas. Both may exceed 1 (Dynamo's
    `min(1, p)` may not); they are clamped to [1/3, 3] and smoothed (half old, half
-   new) instead of taken raw. They are not updated from an interval whose role had
-   more than one request waiting per replica (an overload says "too few replicas",
-   which the sizing already answers, not "the profile is off"; learning from it made
-   the factors run away), and are **frozen while replicas start** and for the
+   new) instead of taken raw, so an overloaded interval (whose latencies say "the
+   profile is optimistic" loudly: a trial replay measured TTFTs 100× the model's)
+   moves them by a bounded step. They are **frozen while replicas start** and for the
    interval after a scale-up (`freeze-correction-on-startup`; cold caches made Dynamo
    over-compensate, #2511).
 4. **Forecast horizon** (`startup-time`): a replica asked for now serves after
@@ -61,7 +60,6 @@ from epp.planner.queueing import smallest_servers, wait_mean, wait_quantile
 from epp.planner.types import Observation, PredictedLoad, Role
 
 CORRECTION_RANGE = (1 / 3, 3.0)
-QUEUEING = 1.0  # waiting requests per replica above which an interval teaches no correction
 CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
 MIN_WAIT_SHARE = 0.1  # when service alone breaks the TTFT SLA, still cap waits at 10 % of it
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -159,19 +157,15 @@ class SlaMode:
         ctx = obs.isl.mean + obs.osl.mean / 2
         ttft_obs = self._stat(obs.ttft_ms)
         itl_obs = self._stat(obs.itl_ms)
-        queued_p = obs.role(self._prefill).waiting_per_replica > QUEUEING  # NaN: False
-        queued_d = obs.role(self._decode).waiting_per_replica > QUEUEING
-        if queued_p or queued_d:
-            diag["correction_skipped_queueing"] = 1.0
         # decode first: the aggregated TTFT model needs the decode share
-        if ready_d > 0 and not queued_d and not math.isnan(itl_obs) and not math.isnan(ctx):
+        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
             running = obs.role(self._decode).running_mean
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
             expected = self._profile.decode.itl(running / ready_d, ctx)
             self.d_correction = _smooth(self.d_correction, itl_obs / expected)
             diag["expected_itl_ms"] = expected
-        if ready_p > 0 and not queued_p and not math.isnan(ttft_obs):
+        if ready_p > 0 and not math.isnan(ttft_obs):
             samples = self._service_samples(obs.isl.mean, correction=1.0)
             decode_load = 0.0
             if self._agg:

@@ -243,11 +243,3 @@ def test_unreachable_itl_sizes_at_the_lowest_itl_point_and_says_so():
     d = epp(itl=4).step(60, obs(completions=6000, replicas=pd(1, 1)))
     assert d.targets[D] == 2 and d.diagnostics["decode_itl_met"] == 0.0
     assert "ITL target below every profiled point" in d.reason
-
-
-def test_an_overloaded_interval_teaches_no_correction():
-    # 5 requests waiting per replica (> 1): the ITL 100× the model is overload, not a
-    # profile error; the factor stays at 1 and the decision says why
-    pol = epp(pool="aggregated", no_correction=False)
-    d = pol.step(60, aggregated_itl_obs([100 * EXPECTED_ITL] * 10, waiting=5.0))
-    assert pol.mode.d_correction == 1.0 and d.diagnostics["correction_skipped_queueing"] == 1.0
