@@ -280,7 +280,7 @@ def parse_planner_config(raw: Any) -> PlannerConfig:
             close = difflib.get_close_matches(str(key), everything, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ConfigError(
-                str(key), f"unknown setting{hint} (`epp planner --help-config` lists them)"
+                str(key), f"unknown setting{hint} (docs/planner.md lists them)"
             )
     parts = {}
     for cls in GROUPS:

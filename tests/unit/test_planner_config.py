@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from epp.config.errors import ConfigError
@@ -122,3 +124,12 @@ def test_describe_lists_every_key_once_with_a_doc():
     ):
         assert key in keys
     assert all(doc for _, _, _, doc in rows)  # every setting says what it does
+
+
+def test_docs_list_every_setting_with_its_default():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in doc.splitlines() if line.startswith("| `")}
+    for key, _, default, _ in describe_planner_file():
+        shown = "null" if default is None else default
+        shown = str(shown).lower() if isinstance(shown, bool) else shown
+        assert f"| `{shown}` |" in rows[f"`{key}`"], key
