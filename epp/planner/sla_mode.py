@@ -57,7 +57,7 @@ from epp.planner.mode import Proposal, current
 from epp.planner.perf import Profile
 from epp.planner.predictors import LoadPredictors, build_load_predictors
 from epp.planner.queueing import smallest_servers, wait_mean, wait_quantile
-from epp.planner.types import Observation, PredictedLoad, Role
+from epp.planner.types import Observation, PredictedLoad, Role, Stats
 
 CORRECTION_RANGE = (1 / 3, 3.0)
 CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
@@ -140,8 +140,8 @@ class SlaMode:
         if obs.cached_tokens.count and obs.isl.mean > 0:
             self._cache_share = min(1.0, max(0.0, obs.cached_tokens.mean / obs.isl.mean))
 
-    def _stat(self, stats_value) -> float:  # type: ignore[no-untyped-def]
-        return stats_value.at(self._x.sla_percentile)
+    def _stat(self, stats: Stats) -> float:
+        return stats.at(self._x.sla_percentile)
 
     # -- 3. correction factors ----------------------------------------------------------
     def _correct(self, obs: Observation, diag: dict[str, float]) -> None:
@@ -169,9 +169,8 @@ class SlaMode:
             samples = self._service_samples(obs.isl.mean, correction=1.0)
             decode_load = 0.0
             if self._agg:
-                decode_load = self._decode_load(lam, obs.isl.mean, obs.osl.mean, self.d_correction)[
-                    0
-                ]
+                found = self._decode_load(lam, obs.isl.mean, obs.osl.mean, self.d_correction)
+                decode_load = found[0]
             expected = self._ttft_ms(ready_p, lam, samples, decode_load)
             if math.isfinite(expected) and expected > 0:
                 self.p_correction = _smooth(self.p_correction, ttft_obs / expected)
