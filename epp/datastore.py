@@ -70,6 +70,8 @@ class EndpointSnapshot:
     inflight_prefill_tokens: int = 0
     healthy: bool = True
     models: frozenset[str] | None = None
+    # Being drained by the planner: never picked, its in-flight requests finish.
+    draining: bool = False
 
     def serves(self, model: str) -> bool:
         """True if the endpoint serves `model`, or has not told us what it serves."""
@@ -94,6 +96,7 @@ class _EndpointState:
     scrape_ok: bool = False
     last_error: str = ""
     models: frozenset[str] | None = None
+    draining: bool = False
     # The snapshot handed to scheduling, rebuilt only after a change, and the clock
     # reading until which its `healthy=True` holds (staleness is the only change that
     # happens by time alone).
@@ -157,6 +160,24 @@ class Datastore:
         self._served = None
         for listener in list(self._listeners):
             listener.notify()
+
+    def add_endpoint(self, endpoint: Endpoint) -> None:
+        """Add (or replace) one endpoint, keeping the others: a connector's new replica."""
+        kept = [e for e in self.endpoints() if e.name != endpoint.name]
+        self.set_endpoints([*kept, endpoint])
+
+    def remove_endpoint(self, name: str) -> None:
+        """Take one endpoint out of the pool (a connector stopped it)."""
+        if name in self._states:
+            self.set_endpoints([e for e in self.endpoints() if e.name != name])
+
+    def set_draining(self, name: str, draining: bool = True) -> None:
+        """Mark `name` as draining: the director never picks it again, but it stays in
+        the pool (scraped, its in-flight requests counted) until it is removed."""
+        s = self._states.get(name)
+        if s is not None and s.draining != draining:
+            s.draining = draining
+            s.snap = None
 
     def on_change(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call `fn` after every membership change; returns a function that unsubscribes.
@@ -299,6 +320,7 @@ class Datastore:
                     inflight_prefill_tokens=s.inflight_prefill_tokens,
                     healthy=healthy,
                     models=s.models,
+                    draining=s.draining,
                 )
                 s.snap = snap
                 s.healthy_until = (

@@ -1,17 +1,18 @@
 """One request's life between parsing and the reply to Envoy, free of any wire format.
 
 Candidates are narrowed in a fixed order: the gateway's subset hint, then endpoints
-that serve the model, then healthy ones. The scheduler runs on that snapshot; the
-chosen endpoints' in-flight counters are taken at pick; the ext_proc side reports the
-response's first token (`first_token`: the prompt is no longer pending prefill work) and
-its end (`release`, exactly once, however the response or the stream ends).
+that serve the model, then those the planner is not draining, then healthy ones. The
+scheduler runs on that snapshot; the chosen endpoints' in-flight counters are taken at
+pick; the ext_proc side reports the response's first token (`first_token`: the prompt
+is no longer pending prefill work) and its end (`release`, exactly once, however the
+response or the stream ends).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from epp.datastore import Datastore, EndpointSnapshot
@@ -70,6 +71,9 @@ class Director:
         self.scheduler = scheduler
         self.pre_request = tuple(pre_request)
         self.rng = rng or random.Random()
+        # Called with each admitted request's prompt-token estimate (the planner's
+        # demand: admitted requests, not completions, Dynamo #11693). Must be quick.
+        self.admission_sinks: list[Callable[[int], None]] = []
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -93,6 +97,12 @@ class Director:
                     + _known_models_hint(snaps)
                 )
             snaps = serving
+        active = [s for s in snaps if not s.draining]
+        if not active:
+            raise unavailable(
+                f"all {len(snaps)} candidate endpoints are draining (the planner is scaling down)"
+            )
+        snaps = active
         healthy = [s for s in snaps if s.healthy]
         if not healthy:
             errors = {self.datastore.last_error(s.name) for s in snaps} - {""}
@@ -125,6 +135,8 @@ class Director:
         )
         self._hold(decision, request, result.profile_results.values())
         RUNNING_REQUESTS.labels(model).inc()
+        for sink in self.admission_sinks:
+            sink(request.prompt_tokens_estimate)
         for plugin in self.pre_request:
             try:
                 plugin.pre_request(request, result)

@@ -159,6 +159,45 @@ RUNNING_REQUESTS = Gauge(
 )
 
 
+# ---- the planner (epp/planner/record.py sets these after every decision) ----
+PLANNER_REPLICAS = Gauge(
+    "epp_planner_replicas",
+    "Replicas per role: the planner's target, and what the connector has (ready, starting, "
+    "draining).",
+    ["role", "state"],
+    registry=REGISTRY,
+)
+PLANNER_PREDICTED_REQUESTS = Gauge(
+    "epp_planner_predicted_requests",
+    "Requests the planner expects in the next adjustment interval (NaN: none predicted).",
+    registry=REGISTRY,
+)
+PLANNER_OBSERVED_REQUESTS = Gauge(
+    "epp_planner_observed_requests",
+    "Requests admitted in the last adjustment interval.",
+    registry=REGISTRY,
+)
+PLANNER_DIAGNOSTIC = Gauge(
+    "epp_planner_diagnostic",
+    "The numbers behind the last decision: correction factors (p_correction, "
+    "d_correction), KV load, GPUs wanted, budget cut, ...",
+    ["name"],
+    registry=REGISTRY,
+)
+PLANNER_GPU_SECONDS = Counter(
+    "epp_planner_gpu_seconds",
+    "GPU-seconds held by the pool (ready, starting and draining replicas), summed over "
+    "adjustment intervals; /3600 for GPU-hours.",
+    registry=REGISTRY,
+)
+PLANNER_DECISIONS = Counter(
+    "epp_planner_decisions",
+    "Planner decisions, by whether they changed a target.",
+    ["changed"],
+    registry=REGISTRY,
+)
+
+
 class PoolCollector(Collector):
     """inference_pool_* gauges computed from the datastore's healthy endpoints."""
 

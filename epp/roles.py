@@ -24,11 +24,11 @@ def role_of(endpoint: Endpoint) -> Role:
 
 
 def pool_samples(snapshots: Iterable[EndpointSnapshot]) -> list[PoolSample]:
-    """One sample per role present among the healthy endpoints (waiting and running
+    """One sample per role present among the healthy, not draining endpoints (waiting and running
     summed, KV use averaged over the role's ready replicas)."""
     by_role: dict[Role, list[EndpointSnapshot]] = {}
     for s in snapshots:
-        if s.healthy:
+        if s.healthy and not s.draining:
             by_role.setdefault(role_of(s.endpoint), []).append(s)
     return [
         PoolSample(

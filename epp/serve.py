@@ -44,6 +44,15 @@ from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
+from epp.planner.config import PlannerConfig, check_live, load_planner_file
+from epp.planner.loop import (
+    PlannerThread,
+    Ticks,
+    build_live_planner,
+    start_live_planner,
+    stop_live_planner,
+)
+from epp.planner.perf import Profile, ProfileError, load_profile
 from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle, PluginImportError
 
@@ -72,13 +81,21 @@ class ServeOptions:
     # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
     # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
     response_path: bool = True
+    # `--planner FILE`: the parsed planner file and its profile (sla/dynamo modes).
+    planner: PlannerConfig | None = None
+    planner_profile: Profile | None = None
 
 
 class EppServer:
     """The whole EPP in one object: `await start()`, serve, `await stop()`."""
 
     def __init__(
-        self, options: ServeOptions, config: LoadedConfig | None = None, seed: int | None = None
+        self,
+        options: ServeOptions,
+        config: LoadedConfig | None = None,
+        seed: int | None = None,
+        *,
+        planner_ticks: Ticks | None = None,
     ) -> None:
         self.options = options
         rng = random.Random(seed)
@@ -107,6 +124,8 @@ class EppServer:
         self.health_port = 0
         self.metrics_port = 0
         self.servicer = None
+        self._planner_ticks = planner_ticks
+        self.planner: PlannerThread | None = None
 
     async def start(self) -> None:
         o = self.options
@@ -140,6 +159,27 @@ class EppServer:
         self.grpc_port, self.health_port = gport, hport
         self.datastore.on_change(lambda: asyncio.ensure_future(health.refresh()))
         self._runner, self.metrics_port = await _start_metrics_http(self, o.host, o.metrics_port)
+        if o.planner is not None:
+            await self._start_planner(o.planner)
+
+    async def _start_planner(self, cfg: PlannerConfig) -> None:
+        """The planner thread, fed by the director (admissions) and the response
+        observer (finished requests), acting through its connector on this loop."""
+        planner = build_live_planner(
+            cfg,
+            self.options.planner_profile,
+            self.datastore,
+            asyncio.get_running_loop(),
+            pool=self.options.pool_name,
+            ticks=self._planner_ticks,
+        )
+        self.director.admission_sinks.append(planner.on_admit)
+        if self.observer is not None:
+            self.observer.subscribe(planner.on_record)
+        else:
+            log.warning("planner: --response-path off, so no TTFT/ITL and no safe drain")
+        self.planner = planner
+        await start_live_planner(planner, cfg.budget.min_endpoint)
 
     def _scrape_config(self) -> ScrapeConfig:
         """Scrape settings from the flags plus the config's data-layer plugins, if any."""
@@ -161,6 +201,9 @@ class EppServer:
         )
 
     async def stop(self) -> None:
+        if self.planner is not None:
+            await stop_live_planner(self.planner)
+            self.planner = None
         if self.discovery is not None:
             await self.discovery.stop()
             self.discovery = None
@@ -284,6 +327,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
         "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
     )
+    p.add_argument(
+        "--planner",
+        metavar="FILE",
+        help="run the planner in this EPP: a planner YAML file (docs/planner.md lists its "
+        "keys; config/planner.yaml is an example). It starts and stops model servers",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -314,6 +363,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     kube = k8s_cli.source_from_args(args)
     if kube is not None:
         load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
+    planner, profile = load_planner(args.planner) if args.planner else (None, None)
     opts = ServeOptions(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -329,8 +379,35 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         extra_endpoints=flagged,
         kubernetes=kube,
         response_path=args.response_path == "on",
+        planner=planner,
+        planner_profile=profile,
     )
     return opts, config
+
+
+def load_planner(path: str) -> tuple[PlannerConfig, Profile | None]:
+    """The planner file and, for the SLA modes, its profile; any fault is a ConfigError
+    naming the file and the key, so `epp serve` stops before opening a port."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError("", f"cannot read the planner file: {e.strerror}", path) from None
+    cfg = load_planner_file(text, path)
+    try:
+        check_live(cfg)
+    except ConfigError as e:
+        raise e.in_file(path) from None
+    if cfg.planner.mode == "load":
+        return cfg, None
+    try:
+        return cfg, load_profile(cfg.planner.profile_results_dir)
+    except (ProfileError, OSError) as e:
+        raise ConfigError(
+            "profile-results-dir",
+            f"mode {cfg.planner.mode} needs profile data: {e} (run epp profile, or use mode: load)",
+            path,
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ small frozen dataclasses, one per concern, each taking the keys it knows:
 - `SlaParams`     (ttft, itl, no-correction)
 - `PredictorParams` (from `epp.planner.predictors`: load-predictor, kalman-*, ...)
 - `BeyondParams`  (this project's SLA-mode options; Dynamo has none of them)
+- `LiveParams`    (the live side: connector, replica commands, drain, statefile, log)
 
 A key no group knows is an error with a "did you mean" over every group's keys; each
 group's own checks (`validate`) and the cross-group ones (`PlannerConfig.validate`:
@@ -209,6 +210,64 @@ class BeyondParams:
     )
 
 
+ENVIRONMENTS = ("local",)
+
+
+@dataclass(frozen=True)
+class LiveParams:
+    """The live side inside `epp serve --planner` (the replay ignores it): which
+    connector carries decisions out, how it starts and drains replicas, where the
+    decision log goes. Keys follow Dynamo's where it has one (`environment`, `log-dir`,
+    seed 002); the rest are the local connector's, which Dynamo kept in circus."""
+
+    environment: str = param(
+        "local",
+        choices=ENVIRONMENTS,
+        doc="local: start and stop model-server processes on this machine "
+        "(kubernetes and virtual are not built yet)",
+    )
+    worker_command: str = param(
+        "epp sim --port {port}",
+        doc="command that starts one replica of an aggregated pool; {port}, {host}, "
+        "{name} and {role} are filled in ('epp' runs this installation's epp)",
+    )
+    prefill_worker_command: str | None = param(
+        None, doc="command for one prefill replica (disaggregated pools; required there)"
+    )
+    decode_worker_command: str | None = param(
+        None, doc="command for one decode replica (disaggregated pools; required there)"
+    )
+    worker_host: str = param("127.0.0.1", doc="address the replicas bind and the EPP routes to")
+    worker_health_path: str = param(
+        "/health", doc="a replica joins the pool once GET on this path answers 200"
+    )
+    worker_ready_timeout: float = param(
+        300.0, min=1, doc="seconds a starting replica may take to pass its health check"
+    )
+    drain_timeout: float = param(
+        600.0,
+        min=0,
+        doc="seconds a draining replica may keep in-flight requests before it is stopped "
+        "anyway (Dynamo's graceful wait: 600)",
+    )
+    statefile: str = param(
+        "~/.epp/state/{pool}.json",
+        doc="JSON record of the replicas this EPP started (pids, commands, ports), so a "
+        "restarted EPP adopts them; {pool} is --pool-name",
+    )
+    log_dir: str | None = param(
+        None, doc="directory for decisions.jsonl, one line per decision (null: no file)"
+    )
+
+    def command_for(self, role: Role) -> str | None:
+        """The command template of one `role` replica; None when the file gives none."""
+        return {
+            Role.AGGREGATED: self.worker_command,
+            Role.PREFILL: self.prefill_worker_command,
+            Role.DECODE: self.decode_worker_command,
+        }[role]
+
+
 GROUPS: tuple[type, ...] = (
     PlannerParams,
     BudgetParams,
@@ -216,6 +275,7 @@ GROUPS: tuple[type, ...] = (
     SlaParams,
     PredictorParams,
     BeyondParams,
+    LiveParams,
 )
 
 
@@ -229,6 +289,7 @@ class PlannerConfig:
     sla: SlaParams = dataclasses.field(default_factory=SlaParams)
     predictor: PredictorParams = dataclasses.field(default_factory=PredictorParams)
     beyond: BeyondParams = dataclasses.field(default_factory=BeyondParams)
+    live: LiveParams = dataclasses.field(default_factory=LiveParams)
 
     @property
     def interval_s(self) -> float:
@@ -267,6 +328,14 @@ class PlannerConfig:
             raise ConfigError("adjustment-interval", "must be a finite number of seconds")
 
 
+def check_live(cfg: PlannerConfig) -> None:
+    """What the live side needs beyond the replay: a worker command for every role."""
+    for role in cfg.roles:
+        if not cfg.live.command_for(role):
+            key = f"{role.value}-worker-command"
+            raise ConfigError(key, f"a {cfg.planner.pool} pool needs {key} (the live planner)")
+
+
 def parse_planner_config(raw: Any) -> PlannerConfig:
     """Split a flat map among the groups; unknown keys are an error."""
     if raw is None:
@@ -279,9 +348,7 @@ def parse_planner_config(raw: Any) -> PlannerConfig:
         if not any(str(key) in names for names in known.values()):
             close = difflib.get_close_matches(str(key), everything, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(
-                str(key), f"unknown setting{hint} (docs/planner.md lists them)"
-            )
+            raise ConfigError(str(key), f"unknown setting{hint} (docs/planner.md lists them)")
     parts = {}
     for cls in GROUPS:
         mine = {k: v for k, v in raw.items() if str(k) in known[cls]}
@@ -296,6 +363,7 @@ def parse_planner_config(raw: Any) -> PlannerConfig:
         parts[SlaParams],
         parts[PredictorParams],
         parts[BeyondParams],
+        parts[LiveParams],
     )
     cfg.validate()
     return cfg

@@ -1,0 +1,6 @@
+"""Connectors carry out the planner's decisions on a real pool.
+
+- `base.py` (pure): the `Connector` Protocol every driver satisfies.
+- `statefile.py` (pure): the local connector's statefile codec (which workers it started).
+- `local.py` (I/O): model-server processes on this machine from a command template.
+"""

@@ -1,0 +1,254 @@
+"""The planner thread inside `epp serve`: observations in, decisions out, never on the
+request loop.
+
+    ticks ──► PlannerThread.tick(now)
+                ├─ every metric-pulling-interval: roles.pool_samples(datastore) → window
+                ├─ records (response sink) and admissions (director), handed over
+                │  through one bounded queue, drained into the window
+                └─ every adjustment-interval: window.close → policy.step(now, obs)
+                        → recorder (JSONL + gauges)
+                        → connectors.base.apply(connector, decision) on the server's
+                          loop (run_coroutine_threadsafe); skipped with no-operation
+
+The tick source is injected: `ClockTicks` sleeps on the wall clock (and can be woken
+early), `ManualTicks` is advanced by hand in tests (no sleeps, no timing). The
+datastore is read from this thread: its snapshot is a list of immutable views and its
+pool a dict replaced whole on change, so reading it here never tears a request's view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from epp.datastore import Datastore
+from epp.planner.connectors.base import Connector, apply
+from epp.planner.record import DecisionRecorder
+from epp.planner.types import Decision, EndpointLoad, Policy
+from epp.planner.window import IntervalWindow, RequestRecord
+from epp.roles import pool_samples, role_of
+
+log = logging.getLogger("epp.planner")
+
+QUEUE_CAP = 100_000  # records + admissions per tick before the oldest news is dropped
+
+
+class Ticks(Protocol):
+    def next(self) -> float | None:
+        """Block until the next tick; its time, or None when the thread must end."""
+
+    def wake(self) -> None:
+        """Tick now rather than at the next period (a request waits on an empty pool)."""
+
+    def close(self) -> None: ...
+
+
+class ClockTicks:
+    """A tick every `period_s` on `clock`, or sooner when woken."""
+
+    def __init__(self, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s = period_s
+        self.clock = clock
+        self._wake = threading.Event()
+        self._closed = False
+
+    def next(self) -> float | None:
+        self._wake.wait(self.period_s)
+        self._wake.clear()
+        return None if self._closed else self.clock()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+
+class ManualTicks:
+    """Ticks a test gives by hand: `advance(now)` returns once that tick was handled."""
+
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        self._q: queue.Queue[tuple[float, threading.Event] | None] = queue.Queue()
+        self._ack: threading.Event | None = None
+        self.timeout_s = timeout_s
+        self.woken = 0
+
+    def next(self) -> float | None:
+        if self._ack is not None:
+            self._ack.set()
+            self._ack = None
+        item = self._q.get()
+        if item is None:
+            return None
+        now, self._ack = item
+        return now
+
+    def advance(self, now: float) -> None:
+        done = threading.Event()
+        self._q.put((now, done))
+        if not done.wait(self.timeout_s):
+            raise TimeoutError(f"the planner thread did not handle the tick at {now}")
+
+    def wake(self) -> None:
+        self.woken += 1
+
+    def close(self) -> None:
+        self._q.put(None)
+
+
+class PlannerThread:
+    def __init__(
+        self,
+        policy: Policy,
+        datastore: Datastore,
+        connector: Connector,
+        loop: asyncio.AbstractEventLoop,
+        ticks: Ticks,
+        recorder: DecisionRecorder,
+        *,
+        no_operation: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.datastore = datastore
+        self.connector = connector
+        self.loop = loop
+        self.ticks = ticks
+        self.recorder = recorder
+        self.no_operation = no_operation
+        self._news: queue.Queue[RequestRecord | int] = queue.Queue(QUEUE_CAP)
+        self.dropped = 0
+        self.window: IntervalWindow | None = None
+        self._next_sample = 0.0
+        self._next_adjust = 0.0
+        self.decisions: list[Decision] = []
+        self.last_apply: concurrent.futures.Future | None = None
+        self._thread = threading.Thread(target=self._run, name="epp-planner", daemon=True)
+
+    # ---- feeds, called on the request loop --------------------------------
+    def on_record(self, record: RequestRecord) -> None:
+        """The response observer's sink."""
+        self._put(record)
+
+    def on_admit(self, prompt_tokens: int) -> None:
+        """The director's admission sink: one request routed with this prompt."""
+        self._put(prompt_tokens)
+
+    def _put(self, item: RequestRecord | int) -> None:
+        try:
+            self._news.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+
+    # ---- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.ticks.close()
+        self._thread.join(timeout=10)
+        self.recorder.close()
+
+    def _run(self) -> None:
+        while (now := self.ticks.next()) is not None:
+            try:
+                self.tick(now)
+            except Exception:  # a failing step must not end the planner
+                log.exception("planner tick at %.3f failed", now)
+
+    # ---- one tick, on the planner thread ----------------------------------
+    def tick(self, now: float) -> Decision | None:
+        if self.window is None:
+            self.window = IntervalWindow(now)
+            self._next_sample = now
+            self._next_adjust = now + self.policy.interval_s
+        self._drain_news()
+        if now >= self._next_sample:
+            self.window.sample(pool_samples(self.datastore.snapshot()))
+            self._next_sample = now + self.policy.sample_interval_s
+        if now < self._next_adjust:
+            return None
+        self._next_adjust = now + self.policy.interval_s
+        ready = self.connector.ready_names()
+        endpoints = [
+            EndpointLoad(s.name, role_of(s.endpoint), s.inflight_requests, s.inflight_tokens)
+            for s in self.datastore.snapshot()
+            if s.name in ready
+        ]
+        obs = self.window.close(now, self.connector.replicas(), endpoints)
+        decision = self.policy.step(now, obs)
+        self.decisions.append(decision)
+        self.recorder.record(decision, obs)
+        log.info("planner decision: %s", decision.reason)
+        if not self.no_operation:
+            self.last_apply = asyncio.run_coroutine_threadsafe(
+                apply(self.connector, decision), self.loop
+            )
+        return decision
+
+    def _drain_news(self) -> None:
+        assert self.window is not None
+        while True:
+            try:
+                item = self._news.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, int):
+                self.window.admit(item)
+            else:
+                self.window.complete(item)
+
+
+# ---- wiring into `epp serve` ------------------------------------------------
+
+
+def build_live_planner(
+    config: object,
+    profile: object,
+    datastore: Datastore,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    pool: str = "default",
+    ticks: Ticks | None = None,
+) -> PlannerThread:
+    """The policy the planner file's `mode` picks, the connector its `environment`
+    picks (local), the recorder its `log-dir` names, behind one thread."""
+    from epp.planner.config import PlannerConfig
+    from epp.planner.connectors.local import LocalConnector
+    from epp.planner.planner import policy_for_mode
+
+    assert isinstance(config, PlannerConfig)
+    policy = policy_for_mode(config, profile)  # type: ignore[arg-type]
+    connector = LocalConnector(datastore, config.live, config.roles, pool=pool)
+    recorder = DecisionRecorder(config.live.log_dir, config.budget.gpus_per_replica())
+    return PlannerThread(
+        policy,
+        datastore,
+        connector,
+        loop,
+        ticks or ClockTicks(policy.sample_interval_s),
+        recorder,
+        no_operation=config.planner.no_operation,
+    )
+
+
+async def start_live_planner(planner: PlannerThread, floor: int) -> None:
+    """Adopt what the statefile names, bring each role up to `floor` (min-endpoint),
+    then start the thread."""
+    await planner.connector.start()
+    for role, have in planner.connector.replicas().items():
+        if have.active < floor:
+            await planner.connector.set_replicas(role, floor)
+    planner.start()
+
+
+async def stop_live_planner(planner: PlannerThread) -> None:
+    """End the thread, then stop every replica the connector owns."""
+    await asyncio.to_thread(planner.stop)
+    await planner.connector.stop()

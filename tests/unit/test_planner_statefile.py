@@ -1,0 +1,32 @@
+"""The local connector's statefile round-trips and refuses damage with a clear line."""
+
+import pytest
+
+from epp.config.errors import ConfigError
+from epp.planner.connectors.statefile import WorkerRecord, decode, encode
+from epp.planner.types import Role
+
+
+def test_round_trip():
+    workers = [
+        WorkerRecord("aggregated-0", Role.AGGREGATED, 8001, 4242, ("epp", "sim"), "/l/a0.log"),
+        WorkerRecord("decode-3", Role.DECODE, 8004, 4343, ("vllm", "serve", "m")),
+    ]
+    assert decode(encode(workers)) == workers
+
+
+def test_empty():
+    assert decode(encode([])) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["not json", '{"version": 2, "workers": []}', '{"version": 1, "workers": [{"name": "x"}]}',
+     '{"version": 1, "workers": [{"name": "x", "role": "gpu", "port": 1, "pid": 1, "argv": []}]}',
+     "[]"],
+)  # fmt: skip
+def test_damage_is_one_clear_error(text):
+    with pytest.raises(ConfigError) as e:
+        decode(text, "/s/pool.json")
+    assert str(e.value).startswith("/s/pool.json: unreadable statefile")
+    assert "delete it" in str(e.value)
