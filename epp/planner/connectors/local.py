@@ -80,14 +80,12 @@ def _cmdline(pid: int) -> tuple[str, ...] | None:
     return tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _runs(pid: int, argv: tuple[str, ...]) -> bool:
+    """`pid` is alive and runs `argv` (a script's shebang puts its interpreter in front,
+    so the recorded argv is the tail of the command line). A pid the kernel reused for
+    another program, or a zombie (empty command line), does not."""
+    cmd = _cmdline(pid)
+    return bool(cmd) and len(cmd) >= len(argv) and cmd[len(cmd) - len(argv) :] == argv
 
 
 class LocalConnector:
@@ -304,7 +302,7 @@ class LocalConnector:
     def _running(self, w: Worker) -> bool:
         if w.popen is not None:
             return w.popen.poll() is None
-        return _alive(w.record.pid) and _cmdline(w.record.pid) == w.record.argv
+        return _runs(w.record.pid, w.record.argv)
 
     # ---- the statefile -----------------------------------------------------
     def _save(self) -> None:
@@ -328,7 +326,7 @@ class LocalConnector:
                     "planner: %s has role %s, not in this pool; left alone", rec.name, rec.role
                 )
                 continue
-            same = _alive(rec.pid) and _cmdline(rec.pid) == rec.argv
+            same = _runs(rec.pid, rec.argv)
             if same and await self._healthy(rec):
                 self._workers[rec.name] = Worker(rec, READY)
                 self.datastore.add_endpoint(self._endpoint(rec))
