@@ -419,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, EndpointsError, PluginImportError, PoolSpecError, KubeConfigError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
-    if not opts.endpoints and not opts.watch_file and opts.kubernetes is None:
+    if not (opts.endpoints or opts.watch_file or opts.kubernetes or opts.planner):
         log.warning(
             "no endpoints given (--endpoints/--endpoint/--pool-name/--endpoint-selector):"
             " every request will get 503"
@@ -434,6 +434,10 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
     await server.start()
     log.info("%s", config.describe())
     pool = opts.kubernetes.describe() if opts.kubernetes else f"{len(opts.endpoints)} endpoints"
+    if server.planner is not None:
+        have = server.planner.connector.replicas().values()
+        ready, starting = sum(r.ready for r in have), sum(r.starting for r in have)
+        pool += f" and the planner ({ready} replicas ready, {starting} starting)"
     print(
         f"epp serving ext_proc on {opts.host}:{server.grpc_port} "
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",

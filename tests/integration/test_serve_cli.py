@@ -31,3 +31,56 @@ def test_missing_endpoints_file_is_explained(tmp_path):
     r = run("--endpoints", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2
     assert "missing.yaml" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- --planner ----------------------------------------------------------------
+
+
+def planner(tmp_path, text: str) -> str:
+    path = tmp_path / "planner.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_planner_unknown_option_is_one_line(tmp_path):
+    path = planner(tmp_path, "mode: load\nadjustment-intervall: 30\n")
+    r = run("--planner", path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"epp serve: {path}: adjustment-intervall: unknown setting; did you mean "
+        "'adjustment-interval'? (docs/planner.md lists them)"
+    ]
+
+
+def test_planner_budget_below_the_minimum_is_one_line(tmp_path):
+    # aggregated, min-endpoint 3 × 1 GPU = 3 GPUs > max-gpu-budget 2
+    path = planner(tmp_path, "mode: load\nmin-endpoint: 3\nmax-gpu-budget: 2\n")
+    r = run("--planner", path)
+    assert r.returncode == 2
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"epp serve: {path}: max-gpu-budget: 2 is below min-endpoint 3")
+
+
+def test_planner_missing_profile_data_is_one_line(tmp_path):
+    path = planner(tmp_path, f"mode: sla\nprofile-results-dir: {tmp_path / 'nope'}\n")
+    r = run("--planner", path)
+    assert r.returncode == 2
+    [line] = r.stderr.strip().splitlines()
+    assert f"{path}: profile-results-dir: mode sla needs profile data" in line
+    assert "Traceback" not in r.stderr
+
+
+def test_planner_pd_pool_without_worker_commands_is_one_line(tmp_path):
+    path = planner(tmp_path, "mode: load\npool: disaggregated\n")
+    r = run("--planner", path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"epp serve: {path}: prefill-worker-command: a disaggregated pool needs "
+        "prefill-worker-command (the live planner)"
+    )
+
+
+def test_planner_file_that_cannot_be_read(tmp_path):
+    r = run("--planner", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2
+    assert "missing.yaml" in r.stderr and "cannot read" in r.stderr

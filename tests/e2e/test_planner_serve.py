@@ -1,0 +1,62 @@
+"""`epp serve --planner` as a real process: SIGKILL leaves its replicas running and a
+restarted `epp serve` adopts them (same pid) instead of starting new ones; a clean
+SIGTERM stops every replica it owns, so nothing is orphaned."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from epp.harness.procs import LogReady, ProcessGroup, free_port
+from epp.planner.connectors.statefile import decode
+
+EPP = [sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1"]
+
+
+def runs(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def argv() -> list[str]:
+    return [*EPP, "--grpc-port", str(free_port()), "--health-port", str(free_port()),
+            "--metrics-port", str(free_port())]  # fmt: skip
+
+
+def test_kill_and_restart_adopts_then_sigterm_stops_everything(tmp_path):
+    statefile = tmp_path / "state.json"
+    cfg = tmp_path / "planner.yaml"
+    cfg.write_text(
+        "mode: load\nmin-endpoint: 1\nadjustment-interval: 30\n"
+        f"worker-command: epp sim --port {{port}}\nstatefile: {json.dumps(str(statefile))}\n"
+    )
+    ready = LogReady(r"planner: (\S+ ready|adopted)")
+    with ProcessGroup() as pg:
+        first = pg.start("epp-1", [*argv(), "--planner", str(cfg)], ready=ready, timeout=90)
+        [worker] = decode(statefile.read_text())
+        assert runs(worker.pid)
+        first.popen.send_signal(signal.SIGKILL)  # the EPP alone: no clean-up runs
+        first.popen.wait(timeout=10)
+        assert runs(worker.pid)  # the replica outlived it
+
+        second = pg.start("epp-2", [*argv(), "--planner", str(cfg)], ready=ready, timeout=90)
+        assert f"adopted {worker.name} (pid {worker.pid}" in second.output()
+        assert decode(statefile.read_text()) == [worker]  # nothing started twice
+
+        second.popen.send_signal(signal.SIGTERM)
+        assert second.popen.wait(timeout=30) == 0
+        wait_until(lambda: not runs(worker.pid), "the replica to stop")
+        assert decode(statefile.read_text()) == []
