@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -114,6 +115,7 @@ class PlannerThread:
         recorder: DecisionRecorder,
         *,
         no_operation: bool = False,
+        queue_cap: int = QUEUE_CAP,
     ) -> None:
         self.policy = policy
         self.datastore = datastore
@@ -122,12 +124,12 @@ class PlannerThread:
         self.ticks = ticks
         self.recorder = recorder
         self.no_operation = no_operation
-        self._news: queue.Queue[RequestRecord | int] = queue.Queue(QUEUE_CAP)
+        self._news: queue.Queue[RequestRecord | int] = queue.Queue(queue_cap)
         self.dropped = 0
         self.window: IntervalWindow | None = None
         self._next_sample = 0.0
         self._next_adjust = 0.0
-        self.decisions: list[Decision] = []
+        self.decisions: deque[Decision] = deque(maxlen=1000)  # the latest, for tests/debug
         self.last_apply: concurrent.futures.Future | None = None
         self._thread = threading.Thread(target=self._run, name="epp-planner", daemon=True)
 
