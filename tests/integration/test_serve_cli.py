@@ -84,3 +84,13 @@ def test_planner_file_that_cannot_be_read(tmp_path):
     r = run("--planner", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2
     assert "missing.yaml" in r.stderr and "cannot read" in r.stderr
+
+
+def test_planner_cannot_share_a_watched_endpoints_file(tmp_path):
+    path = planner(tmp_path, "mode: load\n")
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("- {name: a, address: 127.0.0.1, port: 8000}\n")
+    r = run("--planner", path, "--endpoints", str(pool))
+    assert r.returncode == 2
+    assert "--planner adds and removes its own replicas" in r.stderr
+    assert "Traceback" not in r.stderr
