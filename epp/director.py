@@ -10,8 +10,10 @@ response or the stream ends).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +58,21 @@ class RoutingDecision:
     released: bool = False
 
 
+@dataclass
+class ColdStart:
+    """Scale from zero: a request that finds no routable endpoint (none, or all
+    draining or unhealthy) waits here instead of getting 503 at once. `wake()` tells
+    the planner (it starts a replica for every role that has none); the request is
+    routed as soon as an endpoint can take it, or gets 503 after `timeout_s`. At most
+    `max_waiting` requests wait; more get 503 at once (a bounded queue)."""
+
+    wake: Callable[[], None]
+    timeout_s: float = 60.0
+    max_waiting: int = 1000
+    waiting: int = 0
+    poll_s: float = 0.05
+
+
 class Director:
     """Routes requests with `scheduler` over `datastore`'s endpoints; after a pick, runs
     the `pre_request` hooks (e.g. a prefix index recording where the prompt went)."""
@@ -74,6 +91,7 @@ class Director:
         # Called with each admitted request's prompt-token estimate (the planner's
         # demand: admitted requests, not completions, Dynamo #11693). Must be quick.
         self.admission_sinks: list[Callable[[int], None]] = []
+        self.cold_start: ColdStart | None = None  # set by the planner with min-endpoint 0
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -109,6 +127,35 @@ class Director:
             detail = f" (last scrape errors: {'; '.join(sorted(errors))})" if errors else ""
             raise unavailable(f"none of the {len(snaps)} candidate endpoints is healthy{detail}")
         return healthy
+
+    def has_capacity(self) -> bool:
+        """Some endpoint could take a request now (healthy, not draining)."""
+        return any(s.healthy and not s.draining for s in self.datastore.snapshot())
+
+    async def await_capacity(self) -> None:
+        """With scale from zero on and nothing routable: wait for a replica (see
+        `ColdStart`); raises EppError(503) when the queue is full or time runs out."""
+        cold = self.cold_start
+        if cold is None or self.has_capacity():
+            return
+        if cold.waiting >= cold.max_waiting:
+            raise unavailable(
+                f"the pool is scaling from zero and {cold.waiting} requests already wait "
+                "for its first replica; try again shortly"
+            )
+        cold.waiting += 1
+        try:
+            cold.wake()
+            deadline = time.monotonic() + cold.timeout_s
+            while not self.has_capacity():
+                if time.monotonic() >= deadline:
+                    raise unavailable(
+                        f"the pool is scaling from zero and no replica was ready within "
+                        f"{cold.timeout_s:g} s; try again shortly"
+                    )
+                await asyncio.sleep(cold.poll_s)
+        finally:
+            cold.waiting -= 1
 
     def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
         """Schedule a parsed request; raises EppError for any refusal."""

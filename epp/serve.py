@@ -41,7 +41,7 @@ from epp.datalayer.k8s_discovery import (
 from epp.datalayer.k8s_pods import PoolSpecError
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
-from epp.director import Director
+from epp.director import ColdStart, Director
 from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
 from epp.observability import REGISTRY, register_pool
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
@@ -178,6 +178,10 @@ class EppServer:
             self.observer.subscribe(planner.on_record)
         else:
             log.warning("planner: --response-path off, so no TTFT/ITL and no safe drain")
+        if cfg.budget.min_endpoint == 0:  # the pool may reach zero: hold, don't refuse
+            self.director.cold_start = ColdStart(
+                planner.wake_from_zero, cfg.live.cold_start_timeout, cfg.live.cold_start_queue
+            )
         self.planner = planner
         await start_live_planner(planner, cfg.budget.min_endpoint)
 

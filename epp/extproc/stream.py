@@ -140,7 +140,13 @@ class RequestStream:
         return []
 
     async def handle_async(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
-        """`handle`, with a large body parsed in a worker thread."""
+        """`handle`, with a large body parsed in a worker thread, and a request that
+        finds an empty pool held while it scales from zero (`Director.await_capacity`)."""
+        if self.phase is not Phase.REJECTED and self._routes_now(msg):
+            try:
+                await self.director.await_capacity()
+            except EppError as e:
+                return self._reject(e)
         raw = self._large_final_body(msg)
         if raw is not None:
             assert self.request is not None
@@ -151,6 +157,17 @@ class RequestStream:
                 outcome = e
             self._preparsed = (raw, outcome)
         return self.handle(msg)
+
+    def _routes_now(self, msg: pb.ProcessingRequest) -> bool:
+        """`msg` completes the request, so handling it routes."""
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            return self.phase is Phase.AWAIT_HEADERS and msg.request_headers.end_of_stream
+        if self.phase is not Phase.GATHER_BODY:
+            return False
+        return kind == "request_trailers" or (
+            kind == "request_body" and msg.request_body.end_of_stream
+        )
 
     def _large_final_body(self, msg: pb.ProcessingRequest) -> bytes | None:
         """The whole body if `msg` completes one of PARSE_OFF_LOOP_BYTES..max_body_bytes."""

@@ -255,6 +255,15 @@ class LiveParams:
         doc="JSON record of the replicas this EPP started (pids, commands, ports), so a "
         "restarted EPP adopts them; {pool} is --pool-name",
     )
+    cold_start_timeout: float = param(
+        60.0,
+        min=0.1,
+        doc="with min-endpoint 0: how long a request that finds no replica waits for the "
+        "first one before it gets 503",
+    )
+    cold_start_queue: int = param(
+        1000, min=1, doc="with min-endpoint 0: most requests waiting for a first replica"
+    )
     log_dir: str | None = param(
         None, doc="directory for decisions.jsonl, one line per decision (null: no file)"
     )

@@ -131,6 +131,7 @@ class PlannerThread:
         self._next_adjust = 0.0
         self.decisions: deque[Decision] = deque(maxlen=1000)  # the latest, for tests/debug
         self.last_apply: concurrent.futures.Future | None = None
+        self._wakes: set[asyncio.Future] = set()
         self._thread = threading.Thread(target=self._run, name="epp-planner", daemon=True)
 
     # ---- feeds, called on the request loop --------------------------------
@@ -147,6 +148,23 @@ class PlannerThread:
             self._news.put_nowait(item)
         except queue.Full:
             self.dropped += 1
+
+    def wake_from_zero(self) -> None:
+        """On the request loop: a request waits on a pool with no routable replica.
+        Start one replica for every role that has none, at once (as Knative's activator
+        makes its autoscaler leave zero without waiting for a window), and tick now so
+        the next decision sees the waiting demand. With no-operation: log only."""
+        for role, have in self.connector.replicas().items():
+            if have.active > 0:
+                continue
+            if self.no_operation:
+                log.info("planner: no-operation: would start a %s replica (scale from zero)", role)
+                continue
+            log.info("planner: a request waits and %s has no replica: starting one", role)
+            task = asyncio.ensure_future(self.connector.set_replicas(role, 1))
+            self._wakes.add(task)
+            task.add_done_callback(self._wakes.discard)
+        self.ticks.wake()
 
     # ---- lifecycle ---------------------------------------------------------
     def start(self) -> None:

@@ -223,3 +223,69 @@ async def test_stop_leaves_no_worker_running(tmp_path):
             os.kill(pid, 0)
     state = json.loads((tmp_path / "state" / "stop.json").read_text())
     assert state["workers"] == []
+
+
+async def zero_stack(tmp_path, pool: str, **extra: object):
+    keys = {"min-endpoint": 0, "min-gpu-budget": 0, **extra}
+    cfg = load_planner_file(planner_file(tmp_path, **keys), "planner.yaml")
+    opts = ServeOptions(host="127.0.0.1", grpc_port=0, health_port=0, metrics_port=0,
+                        planner=cfg, pool_name=pool)  # fmt: skip
+    server = EppServer(opts, planner_ticks=ManualTicks())
+    await server.start()
+    pg = ProcessGroup()
+    envoy_opts = EnvoyOptions(
+        listener_port=free_port(),
+        admin_port=free_port(),
+        epp_grpc_port=server.grpc_port,
+        epp_health_port=server.health_port,
+        listen_address="127.0.0.1",
+        response_headers=True,
+        response_body_mode="FULL_DUPLEX_STREAMED",
+    )
+    try:
+        envoy = await astart_envoy(pg, envoy_opts, timeout=60)
+    except BaseException:
+        await pg.aclose()
+        await server.stop()
+        raise
+    return server, pg, envoy.url
+
+
+async def test_scale_from_zero_serves_the_first_request(tmp_path):
+    server, pg, url = await zero_stack(tmp_path, "zero")
+    try:
+        conn = connector(server)
+        assert conn.replicas()[AGG].active == 0 and len(server.datastore) == 0
+        body = {"model": "tiny", "prompt": "wake up", "max_tokens": 5}
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            replies = await asyncio.gather(
+                *(session.post(url + "/v1/completions", json=body) for _ in range(3))
+            )
+            cold_start_s = time.monotonic() - started
+            statuses = [r.status for r in replies]
+            texts = [await r.text() for r in replies]
+        assert statuses == [200, 200, 200], texts
+        # three waiting requests started exactly one replica
+        assert conn.replicas()[AGG].ready == 1 and len(conn.workers()) == 1
+        print(f"cold start from zero with epp sim: {cold_start_s:.2f} s")
+    finally:
+        await pg.aclose()
+        await server.stop()
+
+
+async def test_scale_from_zero_times_out_with_a_clear_503(tmp_path):
+    # a replica that never answers its health check: `sleep` binds no port
+    server, pg, url = await zero_stack(
+        tmp_path, "never", **{"worker-command": "sleep 600 {port}", "cold-start-timeout": 1}
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "tiny", "prompt": "anyone?", "max_tokens": 5}
+            async with session.post(url + "/v1/completions", json=body) as r:
+                status, text = r.status, await r.text()
+        assert status == 503
+        assert "scaling from zero and no replica was ready within 1 s" in text
+    finally:
+        await pg.aclose()
+        await server.stop()
