@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench clean
+.PHONY: demo test lint fmt bench clean proto
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/scheduler.py
 	$(BIN)/python bench/overhead.py
+
+# The virtual connector's gRPC code is checked in; regenerate it after editing proto/.
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iepp/_proto_gen=proto --python_out=. \
+	  --grpc_python_out=. proto/planner.proto
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
