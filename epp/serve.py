@@ -368,9 +368,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     if kube is not None:
         load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
     planner, profile = load_planner(args.planner) if args.planner else (None, None)
-    if planner is not None and (
-        kube is not None or (args.endpoints and not args.no_watch_endpoints)
-    ):
+    owns_pool = planner is not None and planner.live.environment == "local"
+    if owns_pool and (kube is not None or (args.endpoints and not args.no_watch_endpoints)):
         raise ConfigError(
             "",
             "--planner adds and removes its own replicas; it cannot share the pool with "

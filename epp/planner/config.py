@@ -210,7 +210,7 @@ class BeyondParams:
     )
 
 
-ENVIRONMENTS = ("local",)
+ENVIRONMENTS = ("local", "virtual")
 
 
 @dataclass(frozen=True)
@@ -223,8 +223,12 @@ class LiveParams:
     environment: str = param(
         "local",
         choices=ENVIRONMENTS,
-        doc="local: start and stop model-server processes on this machine "
-        "(kubernetes and virtual are not built yet)",
+        doc="local: start and stop model-server processes on this machine; virtual: "
+        "publish decisions over gRPC (proto/planner.proto) for an external environment "
+        "(kubernetes is not built yet)",
+    )
+    virtual_address: str = param(
+        "127.0.0.1:9005", doc="environment virtual: where the VirtualPlanner gRPC service listens"
     )
     worker_command: str = param(
         "epp sim --port {port}",
@@ -338,7 +342,10 @@ class PlannerConfig:
 
 
 def check_live(cfg: PlannerConfig) -> None:
-    """What the live side needs beyond the replay: a worker command for every role."""
+    """What the live side needs beyond the replay: a worker command for every role
+    (the local connector starts the replicas)."""
+    if cfg.live.environment != "local":
+        return
     for role in cfg.roles:
         if not cfg.live.command_for(role):
             key = f"{role.value}-worker-command"

@@ -238,14 +238,20 @@ def build_live_planner(
     ticks: Ticks | None = None,
 ) -> PlannerThread:
     """The policy the planner file's `mode` picks, the connector its `environment`
-    picks (local), the recorder its `log-dir` names, behind one thread."""
+    picks (local or virtual), the recorder its `log-dir` names, behind one thread."""
     from epp.planner.config import PlannerConfig
     from epp.planner.connectors.local import LocalConnector
     from epp.planner.planner import policy_for_mode
 
     assert isinstance(config, PlannerConfig)
     policy = policy_for_mode(config, profile)  # type: ignore[arg-type]
-    connector = LocalConnector(datastore, config.live, config.roles, pool=pool)
+    connector: Connector
+    if config.live.environment == "virtual":
+        from epp.planner.connectors.virtual import VirtualConnector
+
+        connector = VirtualConnector(config.roles, config.live.virtual_address)
+    else:
+        connector = LocalConnector(datastore, config.live, config.roles, pool=pool)
     recorder = DecisionRecorder(config.live.log_dir, config.budget.gpus_per_replica())
     return PlannerThread(
         policy,

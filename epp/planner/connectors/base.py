@@ -46,7 +46,13 @@ class Connector(Protocol):
 
 
 async def apply(connector: Connector, decision: Decision) -> None:
-    """Carry out `decision`: each role to its target, scale-down victims as chosen."""
+    """Carry out `decision`: each role to its target, scale-down victims as chosen. A
+    connector that publishes whole decisions (the virtual one: one decision_id for
+    prefill and decode together) offers `set_targets(targets, prefer_drain)`."""
+    set_targets = getattr(connector, "set_targets", None)
+    if set_targets is not None:
+        await set_targets(dict(decision.targets), decision.drain)
+        return
     for role, n in decision.targets.items():
         victims = [name for name in decision.drain if name in connector.ready_names()]
         await connector.set_replicas(role, n, prefer_drain=victims)
