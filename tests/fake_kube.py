@@ -365,3 +365,78 @@ current-context: fake
 
     def count(self, fragment: str) -> int:
         return sum(fragment in r for r in self.requests)
+
+
+class FakeScaleAPI:
+    """A fake API server for the planner's Kubernetes connector: scalable workloads
+    (`/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}`) with `/scale` (GET,
+    PATCH with a merge patch) and `/status` (GET). `requests` records every call as
+    `METHOD path content-type body`; `set_ready` plays the controller."""
+
+    def __init__(self) -> None:
+        self.workloads: dict[tuple[str, str, str], dict] = {}
+        self.requests: list[str] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def put(self, plural: str, name: str, replicas: int, ready: int, ns: str = "default"):
+        self.workloads[(ns, plural, name)] = {
+            "replicas": replicas,
+            "ready": ready,
+            "present": replicas,
+        }
+
+    def set_ready(self, plural: str, name: str, ready: int, ns: str = "default") -> None:
+        w = self.workloads[(ns, plural, name)]
+        w["ready"] = ready
+        w["present"] = max(ready, w["replicas"])
+
+    async def start(self) -> None:
+        app = web.Application()
+        base = "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}"
+        app.router.add_get(base + "/scale", self._scale)
+        app.router.add_patch(base + "/scale", self._scale)
+        app.router.add_get(base + "/status", self._status)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _find(self, request: web.Request) -> tuple[dict, dict] | None:
+        m = request.match_info
+        w = self.workloads.get((m["ns"], m["plural"], m["name"]))
+        if w is None:
+            return None
+        meta = {"name": m["name"], "namespace": m["ns"]}
+        return w, meta
+
+    async def _scale(self, request: web.Request) -> web.Response:
+        body = await request.text()
+        ctype = request.headers.get("Content-Type", "")
+        self.requests.append(f"{request.method} {request.path} {ctype} {body}".strip())
+        found = self._find(request)
+        if found is None:
+            return web.json_response(_status(404, "NotFound", "not found"), status=404)
+        w, meta = found
+        if request.method == "PATCH":
+            if ctype != "application/merge-patch+json":
+                return web.json_response(_status(415, "UnsupportedMediaType", ctype), status=415)
+            w["replicas"] = int(json.loads(body)["spec"]["replicas"])
+        return web.json_response({"apiVersion": "autoscaling/v1", "kind": "Scale",
+                                  "metadata": meta, "spec": {"replicas": w["replicas"]},
+                                  "status": {"replicas": w["present"]}})  # fmt: skip
+
+    async def _status(self, request: web.Request) -> web.Response:
+        self.requests.append(f"GET {request.path}")
+        found = self._find(request)
+        if found is None:
+            return web.json_response(_status(404, "NotFound", "not found"), status=404)
+        w, meta = found
+        return web.json_response({"metadata": meta, "spec": {"replicas": w["replicas"]},
+                                  "status": {"replicas": w["present"],
+                                             "readyReplicas": w["ready"]}})  # fmt: skip
