@@ -210,7 +210,7 @@ class BeyondParams:
     )
 
 
-ENVIRONMENTS = ("local", "virtual")
+ENVIRONMENTS = ("local", "virtual", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -224,11 +224,31 @@ class LiveParams:
         "local",
         choices=ENVIRONMENTS,
         doc="local: start and stop model-server processes on this machine; virtual: "
-        "publish decisions over gRPC (proto/planner.proto) for an external environment "
-        "(kubernetes is not built yet)",
+        "publish decisions over gRPC (proto/planner.proto) for an external environment; "
+        "kubernetes: scale one workload per role through its scale subresource",
     )
     virtual_address: str = param(
         "127.0.0.1:9005", doc="environment virtual: where the VirtualPlanner gRPC service listens"
+    )
+    kubernetes_namespace: str = param(
+        "default", doc="environment kubernetes: the namespace of the workloads"
+    )
+    aggregated_workload: str | None = param(
+        None,
+        doc="environment kubernetes: Kind/name of the aggregated pool's workload "
+        "(Deployment, StatefulSet or LeaderWorkerSet)",
+    )
+    prefill_workload: str | None = param(
+        None, doc="environment kubernetes: Kind/name of the prefill workload (P/D)"
+    )
+    decode_workload: str | None = param(
+        None, doc="environment kubernetes: Kind/name of the decode workload (P/D)"
+    )
+    rollout_timeout: float = param(
+        600.0,
+        min=1,
+        doc="environment kubernetes: seconds a scale may take to become ready before the "
+        "next decision is issued anyway",
     )
     worker_command: str = param(
         "epp sim --port {port}",
@@ -271,6 +291,14 @@ class LiveParams:
     log_dir: str | None = param(
         None, doc="directory for decisions.jsonl, one line per decision (null: no file)"
     )
+
+    def workload_for(self, role: Role) -> str | None:
+        """The `Kind/name` of one role's workload (environment kubernetes)."""
+        return {
+            Role.AGGREGATED: self.aggregated_workload,
+            Role.PREFILL: self.prefill_workload,
+            Role.DECODE: self.decode_workload,
+        }[role]
 
     def command_for(self, role: Role) -> str | None:
         """The command template of one `role` replica; None when the file gives none."""
@@ -344,6 +372,20 @@ class PlannerConfig:
 def check_live(cfg: PlannerConfig) -> None:
     """What the live side needs beyond the replay: a worker command for every role
     (the local connector starts the replicas)."""
+    if cfg.live.environment == "kubernetes":
+        for role in cfg.roles:
+            key = f"{role.value}-workload"
+            text = cfg.live.workload_for(role)
+            if not text:
+                raise ConfigError(key, f"environment kubernetes needs {key} (Kind/name)")
+            kind, _, name = text.partition("/")
+            if kind not in ("Deployment", "StatefulSet", "LeaderWorkerSet") or not name:
+                raise ConfigError(
+                    key,
+                    f"{text!r}: expected Kind/name, Kind one of Deployment, StatefulSet, "
+                    "LeaderWorkerSet",
+                )
+        return
     if cfg.live.environment != "local":
         return
     for role in cfg.roles:

@@ -195,6 +195,9 @@ class PlannerThread:
         if now < self._next_adjust:
             return None
         self._next_adjust = now + self.policy.interval_s
+        refresh = getattr(self.connector, "refresh", None)
+        if refresh is not None:  # a connector that reads its state remotely (Kubernetes)
+            asyncio.run_coroutine_threadsafe(refresh(), self.loop).result(timeout=30)
         ready = self.connector.ready_names()
         endpoints = [
             EndpointLoad(s.name, role_of(s.endpoint), s.inflight_requests, s.inflight_tokens)
@@ -238,7 +241,7 @@ def build_live_planner(
     ticks: Ticks | None = None,
 ) -> PlannerThread:
     """The policy the planner file's `mode` picks, the connector its `environment`
-    picks (local or virtual), the recorder its `log-dir` names, behind one thread."""
+    picks (local, virtual or kubernetes), the recorder its `log-dir` names, behind one thread."""
     from epp.planner.config import PlannerConfig
     from epp.planner.connectors.local import LocalConnector
     from epp.planner.planner import policy_for_mode
@@ -250,6 +253,17 @@ def build_live_planner(
         from epp.planner.connectors.virtual import VirtualConnector
 
         connector = VirtualConnector(config.roles, config.live.virtual_address)
+    elif config.live.environment == "kubernetes":
+        from epp.datalayer.k8s_discovery import load_api_client
+        from epp.planner.connectors.kubernetes import KubernetesConnector, Workload
+
+        live = config.live
+        connector = KubernetesConnector(
+            load_api_client(None),
+            live.kubernetes_namespace,
+            {r: Workload.parse(live.workload_for(r) or "") for r in config.roles},
+            rollout_timeout_s=live.rollout_timeout,
+        )
     else:
         connector = LocalConnector(datastore, config.live, config.roles, pool=pool)
     recorder = DecisionRecorder(config.live.log_dir, config.budget.gpus_per_replica())

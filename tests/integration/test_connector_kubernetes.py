@@ -77,3 +77,24 @@ def test_workload_names_are_checked():
     assert Workload.parse("StatefulSet/s") == Workload("StatefulSet", "s")
     with pytest.raises(ValueError, match="Kind/name"):
         Workload.parse("Pod/x")
+
+
+def test_rbac_grants_exactly_what_the_connector_calls():
+    """deploy/kubernetes/planner/rbac.yaml: get on status, get+patch on scale, for each
+    kind the connector knows."""
+    from pathlib import Path
+
+    import yaml
+
+    from epp.planner.connectors.kubernetes import KINDS
+
+    path = Path(__file__).resolve().parents[2] / "deploy/kubernetes/planner/rbac.yaml"
+    role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+        for r in rule["resources"] for v in rule["verbs"]
+    }  # fmt: skip
+    for group, _, plural in KINDS.values():
+        assert (group, f"{plural}/status", "get") in granted
+        assert (group, f"{plural}/scale", "get") in granted
+        assert (group, f"{plural}/scale", "patch") in granted

@@ -94,3 +94,13 @@ def test_planner_cannot_share_a_watched_endpoints_file(tmp_path):
     assert r.returncode == 2
     assert "--planner adds and removes its own replicas" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_planner_kubernetes_needs_a_workload_per_role(tmp_path):
+    path = planner(tmp_path, "mode: load\nenvironment: kubernetes\naggregated-workload: Pod/x\n")
+    r = run("--planner", path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"epp serve: {path}: aggregated-workload: 'Pod/x': expected Kind/name, Kind one of "
+        "Deployment, StatefulSet, LeaderWorkerSet"
+    )
