@@ -67,6 +67,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="prefill/decode disaggregation: 2 prefill and 2 decode simulators, the decode "
         "ones behind `epp sidecar`, config/pd-disagg.yaml (no round-robin phase)",
     )
+    p.add_argument(
+        "--planner",
+        action="store_true",
+        help="replay a time-compressed trace slice while the planner scales epp sim replicas",
+    )
+    from epp.harness import planner_demo
+
+    planner_demo.add_arguments(p)
 
 
 def workload(n: int, seed: int) -> list[tuple[str, dict]]:
@@ -307,6 +315,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.pd:
         return _run_pd(args)
+    if args.planner:
+        from epp.harness import planner_demo
+
+        return planner_demo.run(args)
     print("Starting 4 simulated vLLM servers, the EPP and Envoy on loopback ...", flush=True)
     t0 = time.perf_counter()
     try:
