@@ -86,3 +86,26 @@ def test_demo_ctrl_c_stops_every_process():
             p.kill()
     assert p.returncode == 130
     assert wait_gone(marker) == []
+
+
+def test_planner_demo_replays_a_trace_and_ends_with_the_verdict(tmp_path):
+    # 120 arrivals over 60 s of trace (2/s), 20 output tokens each; 10× faster: 6 s
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": {i * 500}, "input_length": 64, "output_length": 20}}\n'
+            for i in range(120)
+        )
+    )
+    env, marker = demo_env()
+    argv = [sys.executable, "-m", "epp.cli", "demo", "--planner", "--trace", str(trace),
+            "--trace-seconds", "60", "--speedup", "10", "--sample", "1",
+            "--png", str(tmp_path / "t.png")]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("replaying 120 requests (60 s of trace in 6 s)")
+    assert lines[-1].startswith("planner demo: 0 failed requests of 120; ")
+    assert "GPU-hours vs" in lines[-1]
+    assert (tmp_path / "t.png").stat().st_size > 0
+    assert wait_gone(marker) == []
