@@ -5,6 +5,7 @@ SIGTERM stops every replica it owns, so nothing is orphaned."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -45,18 +46,27 @@ def test_kill_and_restart_adopts_then_sigterm_stops_everything(tmp_path):
     )
     ready = LogReady(r"planner: (\S+ ready|adopted)")
     with ProcessGroup() as pg:
-        first = pg.start("epp-1", [*argv(), "--planner", str(cfg)], ready=ready, timeout=90)
-        [worker] = decode(statefile.read_text())
-        assert runs(worker.pid)
-        first.popen.send_signal(signal.SIGKILL)  # the EPP alone: no clean-up runs
-        first.popen.wait(timeout=10)
-        assert runs(worker.pid)  # the replica outlived it
+        try:
+            _adopt_then_stop(pg, cfg, statefile, ready)
+        finally:  # the replica is no child of ours: if the test failed, kill its group
+            for w in decode(statefile.read_text()) if statefile.exists() else []:
+                if runs(w.pid):
+                    os.killpg(w.pid, signal.SIGKILL)
 
-        second = pg.start("epp-2", [*argv(), "--planner", str(cfg)], ready=ready, timeout=90)
-        assert f"adopted {worker.name} (pid {worker.pid}" in second.output()
-        assert decode(statefile.read_text()) == [worker]  # nothing started twice
 
-        second.popen.send_signal(signal.SIGTERM)
-        assert second.popen.wait(timeout=30) == 0
-        wait_until(lambda: not runs(worker.pid), "the replica to stop")
-        assert decode(statefile.read_text()) == []
+def _adopt_then_stop(pg: ProcessGroup, cfg: Path, statefile: Path, ready: LogReady) -> None:
+    first = pg.start("epp-1", [*argv(), "--planner", str(cfg)], ready=ready, timeout=180)
+    [worker] = decode(statefile.read_text())
+    assert runs(worker.pid)
+    first.popen.send_signal(signal.SIGKILL)  # the EPP alone: no clean-up runs
+    first.popen.wait(timeout=10)
+    assert runs(worker.pid)  # the replica outlived it
+
+    second = pg.start("epp-2", [*argv(), "--planner", str(cfg)], ready=ready, timeout=180)
+    assert f"adopted {worker.name} (pid {worker.pid}" in second.output()
+    assert decode(statefile.read_text()) == [worker]  # nothing started twice
+
+    second.popen.send_signal(signal.SIGTERM)
+    assert second.popen.wait(timeout=90) == 0
+    wait_until(lambda: not runs(worker.pid), "the replica to stop")
+    assert decode(statefile.read_text()) == []
