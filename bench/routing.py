@@ -1,6 +1,10 @@
-"""Routing on a shared-prefix workload: Envoy alone, the EPP's scorers, vllm-router.
+"""Routing on named workloads: Envoy alone, the EPP's scorers, vllm-router.
 
-A scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
+`--scenario NAME` picks a workload with its own defaults (`SCENARIOS`: one-prefix,
+many-groups, zero-reuse, decode-bound, long-context, kv-pressure, multi-turn); `--matrix
+a,b,...` runs several one after the other and ends with every setup's ratio to
+round-robin and the new default's verdict (bench/routing_matrix.py). The default scenario,
+many-groups, is a scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
 `benchmarking/73-capacity`): groups of users share a long system prompt, each asks one of
 a few questions; Poisson arrivals whose rate rises in stages; the groups' prefixes fill
 about 6x one server's KV cache (~75 % of the pool's), so a router that spreads a group
@@ -13,7 +17,10 @@ seeded request sequence, sent through:
 - `rr` / `lr`: a real Envoy alone, ROUND_ROBIN / LEAST_REQUEST (`render_direct`);
 - `epp-load`: Envoy + `epp serve`, queue-scorer + kv-cache-utilization-scorer (weights
   1/1, llm-d's "load" configuration);
-- `epp-approx`: Envoy + `epp serve --config config/prefix-aware.yaml`;
+- `epp-approx`: Envoy + `epp serve --config config/prefix-weighted.yaml` (the weighted
+  blend, prefix 3 + queue 2 + KV 2);
+- `epp-sticky`: Envoy + `epp serve --config config/prefix-aware.yaml` ("sticky until
+  saturated": affinity filter on live load, token-load scorer, prefix tie-break);
 - `epp-precise`: Envoy + `epp serve` with config/precise-prefix.yaml's scorers, the
   producer bound on a free port that every simulator publishes its KV events to;
 - `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
@@ -31,6 +38,10 @@ too, which makes it small.
 
     .venv/bin/epp bench routing                      # all setups, default stages
     .venv/bin/epp bench routing --setups rr,epp-precise --rates 20,60 --stage-s 10
+    .venv/bin/epp bench routing --matrix all --stage-s 8 --warmup-s 4 --plot m.png
+
+Per run, the simulators' and the EPP's CPU (cores, from /proc over the run) are recorded
+too (`--scrape-interval`, `--scrape-max-interval` set the EPP's scraping).
 
 Per stage (requests are assigned to the stage they arrive in): output tokens/s (tokens
 received during the stage), TTFT p50/p90/p99 (first SSE chunk), prefix-cache hit rate

@@ -104,3 +104,36 @@ def test_next_interval_rule():
 def test_max_interval_below_interval_is_refused():
     with pytest.raises(ValueError, match="max_interval must be 0 \\(fixed\\) or >= interval"):
         ScrapeConfig(interval=0.5, max_interval=0.25)
+
+
+def serve_args(*extra: str):
+    from epp.cli import build_parser
+
+    argv = ["serve", "--endpoint", "s=127.0.0.1:8000", *extra]
+    parser, _ = build_parser(argv)
+    return parser.parse_args(argv)
+
+
+def test_serve_flag_reaches_the_scraper_config():
+    from epp.serve import options_from_args
+
+    opts, _ = options_from_args(
+        serve_args("--refresh-metrics-interval", "0.25", "--refresh-metrics-max-interval", "1")
+    )
+    assert (opts.refresh_metrics_interval, opts.refresh_metrics_max_interval) == (0.25, 1.0)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--refresh-metrics-interval", "0.5", "--refresh-metrics-max-interval", "0.25"),
+        # An idle endpoint scraped every 2 s would go stale at the 2 s threshold.
+        ("--refresh-metrics-max-interval", "2"),
+    ],
+)
+def test_serve_refuses_a_max_interval_outside_interval_and_staleness(flags):
+    from epp.config.errors import ConfigError
+    from epp.serve import options_from_args
+
+    with pytest.raises(ConfigError, match="--refresh-metrics-max-interval must be 0 or between"):
+        options_from_args(serve_args(*flags))
