@@ -747,7 +747,9 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         skipped.update({f"{name}/{k}": v for k, v in why.items()})
         print(describe(sargs))
         print(tables(got, sargs.rates))
-        print()
+        print(flush=True)
+        if args.json:  # after every scenario, so a long matrix cut short keeps what ran
+            Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
     if args.matrix:
         print(matrix_module().ratio_table(rows))
     for setup, why in skipped.items():
