@@ -120,7 +120,7 @@ SCENARIOS: dict[str, dict[str, object]] = {
         question_tokens=50,
         output_tokens=128,
         kv_tokens=2048,  # ~7 sequences per server: the batch, not prefill, is the limit
-        time_scale=0.25,  # requests last 128 steps; at 0.1 one would outlast a stage
+        # requests last 128 steps: a slower time scale would make them outlast a stage
     ),
     # 8K+ prompts: prefill dominates, 16 groups of 8,000-token documents.
     "long-context": dict(
@@ -143,7 +143,7 @@ WORKLOAD_DEFAULTS: dict[str, object] = dict(
     question_tokens=200,
     output_tokens=50,
     kv_tokens=16384,
-    time_scale=0.1,
+    time_scale=0.25,
     rates="25,50,75",
 )
 SCENARIO_RATES = {
