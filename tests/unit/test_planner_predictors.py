@@ -187,12 +187,25 @@ def test_arima_collapse_switches_to_log1p():
     # raw search picks (0, 0, 0) (checked first), so Dynamo's rule refits in log1p space
     # and stays there.
     noise = [21, 18, 19, 13, 25, 23, 19, 22, 21, 18, 23, 19]
-    assert search_order(np.array(noise, dtype=float))[1] == (0, 0, 0)
+    _, order, had_choice = search_order(np.array(noise, dtype=float))
+    assert order == (0, 0, 0) and had_choice
     p = ArimaPredictor()
     for v in noise:
         p.add(v)
     assert p.predict() > 0
     assert p.log_space
+
+
+def test_arima_guards_against_fitting_big_orders_on_few_points():
+    # 5 points at d = 0: (0,0,0) has 2 parameters (mean, variance), 2 x 2 <= 5; an
+    # AR(1) has 3, 2 x 3 > 5. So only (0,0,0) is tried, and with no choice offered the
+    # collapse rule does not fire (the model stays in raw space).
+    p = ArimaPredictor()
+    for v in [108, 100, 108, 111, 105]:
+        p.add(v)
+    # mean (108 + 100 + 108 + 111 + 105) / 5 = 106.4
+    assert p.predict() == pytest.approx(106.4, abs=0.5)
+    assert p.order == (0, 0, 0) and not p.log_space
 
 
 def test_arima_log1p_asked_for():
