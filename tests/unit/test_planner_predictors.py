@@ -254,3 +254,18 @@ def test_load_predictors_and_warm_up():
 def test_load_predictors_reject_a_bad_interval():
     with pytest.raises(ValueError, match="interval_s"):
         build_load_predictors(PredictorParams(), 0.0)
+
+
+def test_idle_interval_holds_the_length_forecasts_unless_dynamo_rule():
+    # A burst (40 requests, ISL 2000, OSL 300), then a quiet interval (0, NaN, NaN).
+    held = build_load_predictors(PredictorParams(load_predictor="constant"), 60.0)
+    dynamo = build_load_predictors(
+        PredictorParams(load_predictor="constant", hold_idle_lengths=False), 60.0
+    )
+    for lp in (held, dynamo):
+        lp.add(40, 2000.0, 300.0)
+        lp.add(0, math.nan, math.nan)
+    # Both forecast 0 requests; only the held one still knows what a request looks like.
+    assert held.predict().requests == dynamo.predict().requests == 0.0
+    assert (held.predict().isl, held.predict().osl) == (2000.0, 300.0)
+    assert (dynamo.predict().isl, dynamo.predict().osl) == (0.0, 0.0)
