@@ -13,27 +13,31 @@ Speed comes from macro-stepping. Most steps of a loaded server are decode-only: 
 running sequence computes one token, nothing is admitted. Such a step costs
 `F(n) + c * context` (`StepCostModel.decode_terms`) and the context grows by `n` per step,
 so a run of `k` of them costs `k*F + c*(k*T0 + n*k*(k-1)/2)` in closed form. The engine
-jumps over the whole run at once, up to the first completion, the caller's limit or
-the point where the KV cache would run out (then it steps singly, and the scheduler
-preempts as usual). A run is taken only when a single step could not admit anything
-either: the queue is empty, or its head cannot be admitted and the run cannot change
-that (free blocks only shrink while decoding, and `max_num_seqs` is full or not for
-the whole run). The result equals single-stepping up to float rounding of the summed
-step times (`tests/unit/test_sim_virtual.py` checks every token's time); the one
-difference is which physical block a request's new decode block is (the blocks'
-contents and the prefix cache are the same).
+plans the whole run at once, up to the first completion or the point where the KV cache
+would run out (then it steps singly and the scheduler preempts as usual), and carries
+it out only when something needs it: the caller's time passes its end, or a new
+request joins the step after those already started. Meanwhile `load()` is computed in
+closed form, so a pool can read every replica at every arrival without cutting their
+runs. A run is taken only when a single step could not admit anything either: the
+queue is empty, or its head cannot be admitted and the run cannot change that (free
+blocks only shrink while decoding; `max_num_seqs` is full or not for the whole run).
+The result equals single-stepping up to float rounding of the summed step times
+(`tests/unit/test_sim_virtual.py` checks every token's time); the one difference is
+which physical block a request's new decode block is (contents and cache are the same).
 
 Prompts: with prefix caching off every prompt is distinct in effect, so its token ids
 are not built (a list of zeros of the right length; the scheduler only counts them).
 With caching on, a request's `hash_ids` (Mooncake's 512-token prefix blocks: equal ids =
-equal tokens) become token ids `HASH_BASE + h*block_tokens + offset`, and any tokens
+equal prefix) become token ids `HASH_BASE + h*block_tokens + offset`, and any tokens
 past them ids unique to the request, so two requests share exactly the prefix their
-trace says they share.
+trace says they share; the full KV blocks are named after those ids rather than hashed
+(`_trace_prompt`; the same hits, checked against hashing in the tests).
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,19 +105,33 @@ class _Request(SimRequest):
     times: list[float] | None = None
 
 
-def prompt_tokens(rid: int, isl: int, hash_ids: Sequence[int], block_tokens: int) -> list[int]:
-    """Token ids for a prompt of `isl` tokens whose leading `block_tokens`-token blocks
-    are the trace's `hash_ids`; tokens past them are unique to request `rid`."""
+def token_ids(
+    rid: int, hash_ids: Sequence[int], block_tokens: int, start: int, stop: int
+) -> list[int]:
+    """Token ids at positions [start, stop) of request `rid`'s prompt: inside the
+    trace's `hash_ids` blocks (of `block_tokens` tokens) `HASH_BASE + h*block_tokens +
+    offset`, so equal ids give equal tokens; past them ids unique to the request."""
     out: list[int] = []
-    for h in hash_ids:
-        if len(out) >= isl:
-            break
-        start = HASH_BASE + h * block_tokens
-        out.extend(range(start, start + min(block_tokens, isl - len(out))))
-    if len(out) < isl:
-        start = TAIL_BASE + rid * _TAIL_SPAN
-        out.extend(range(start, start + isl - len(out)))
+    p = start
+    covered = len(hash_ids) * block_tokens
+    while p < min(stop, covered):
+        j, off = divmod(p, block_tokens)
+        n = min(block_tokens - off, stop - p)
+        first = HASH_BASE + hash_ids[j] * block_tokens + off
+        out.extend(range(first, first + n))
+        p += n
+    if p < stop:
+        first = TAIL_BASE + rid * _TAIL_SPAN + p
+        out.extend(range(first, first + stop - p))
     return out
+
+
+def prompt_tokens(rid: int, isl: int, hash_ids: Sequence[int], block_tokens: int) -> list[int]:
+    """The whole prompt of `isl` tokens (see `token_ids`)."""
+    return token_ids(rid, hash_ids, block_tokens, 0, isl)
+
+
+_TRACE_BLOCK = struct.Struct("<cqI").pack  # (b"h", hash id, sub-block) or (b"t", rid, block)
 
 
 class VirtualEngine:
@@ -126,6 +144,7 @@ class VirtualEngine:
         block_tokens: int = 512,
         macro: bool = True,
         record_token_times: bool = False,
+        trace_hashes: bool = True,
     ) -> None:
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
@@ -139,9 +158,12 @@ class VirtualEngine:
         )
         self.block_tokens = block_tokens
         self.macro = macro
+        self.trace_hashes = trace_hashes and block_tokens % config.block_size == 0
         self.record_token_times = record_token_times
         self.clock = 0.0  # when the next step may start (the end of the last one)
         self.macro_steps = 0  # runs jumped over (each counts its steps in scheduler.stats)
+        self._run: _DecodeRun | None = None  # planned, not yet carried out
+        self._now = 0.0  # the last advance_to target
         self._finished: list[Finished] = []
 
     # -- requests ------------------------------------------------------------------------
@@ -156,17 +178,46 @@ class VirtualEngine:
                 f"request {rid}: {isl} prompt + {osl} output tokens exceed the model's "
                 f"length {self.config.model_len} (a server would reject it)"
             )
-        if self.kv.enable_caching:
-            prompt = prompt_tokens(rid, isl, hash_ids, self.block_tokens)
-        else:
+        hashes: list[bytes] = []
+        if not self.kv.enable_caching:
             prompt = [0] * isl
+        elif self.trace_hashes:
+            prompt, hashes = self._trace_prompt(rid, isl, hash_ids)
+        else:
+            prompt = prompt_tokens(rid, isl, hash_ids, self.block_tokens)
         req = _Request(prompt, osl, _SHARED_CHANNEL, rid=rid)
         req.prompt = ()  # the scheduler works on req.tokens (a copy); keep one copy
+        req.block_hashes = hashes
         if self.record_token_times:
             req.times = []
+        self._cut_run(at)
         if self.idle:
             self.clock = max(self.clock, at)
         self.scheduler.add(req, at)
+
+    def _trace_prompt(
+        self, rid: int, isl: int, hash_ids: Sequence[int]
+    ) -> tuple[list[int], list[bytes]]:
+        """The prompt with its full KV blocks' hashes named after the trace's blocks
+        instead of computed (SHA-256 of every 16 tokens is most of a Mooncake replay's
+        time). Equal trace ids mean an equal prefix up to and including that block (the
+        trace's definition), so `(hash id, sub-block)` names a prefix as uniquely as a
+        chained hash does; blocks past the ids are named after the request. The token ids
+        of the full blocks are then never read (zeros); the partial last block's are real,
+        because the first block holding output tokens is hashed from them."""
+        bs = self.kv.block_size
+        per = self.block_tokens // bs
+        full = isl // bs
+        ids = len(hash_ids)
+        hashes = [
+            _TRACE_BLOCK(b"h", hash_ids[i // per], i % per)
+            if i // per < ids
+            else _TRACE_BLOCK(b"t", rid, i)
+            for i in range(full)
+        ]
+        prompt = [0] * (full * bs)
+        prompt += token_ids(rid, hash_ids, self.block_tokens, full * bs, isl)
+        return prompt, hashes
 
     @property
     def idle(self) -> bool:
@@ -174,7 +225,12 @@ class VirtualEngine:
         return not (s.running or s.waiting or s.transferring)
 
     def next_event_time(self) -> float:
-        """When the next step starts (`inf` when there is nothing to do)."""
+        """When the engine next changes what it publishes: inside a decode run, the run's
+        end (a request completes, or the cache fills); otherwise the next step's start;
+        `inf` when there is nothing to do."""
+        run = self._run
+        if run is not None:
+            return run.start + run.total(run.steps)
         return math.inf if self.idle else self.clock
 
     def drain_finished(self) -> list[Finished]:
@@ -182,27 +238,49 @@ class VirtualEngine:
         return out
 
     def load(self) -> Load:
+        """The load as of the last `advance_to` (exact inside a decode run too: the run
+        changes only the blocks held and the tokens left, both in closed form)."""
         s = self.scheduler
         tokens = 0
         for queue in (s.running, s.waiting, s.transferring):
             for r in queue:
                 tokens += max(0, r.num_prompt_tokens - r.num_computed_tokens)
                 tokens += r.max_tokens - r.generated
-        return Load(s.num_waiting, len(s.running), self.kv.usage, tokens)
+        used = self.kv.num_used_blocks
+        run = self._run
+        if run is not None:
+            m = run.started_before(self._now)
+            tokens -= m * run.decodes
+            used += self._new_blocks(m)
+        return Load(s.num_waiting, len(s.running), used / self.kv.num_blocks, tokens)
 
     # -- stepping ------------------------------------------------------------------------
 
     def advance_to(self, t: float) -> None:
-        """Run every step that starts before `t`. The last one may end after `t`."""
+        """Run every step that starts before `t`; the last one may end after `t`.
+
+        A decode run is planned whole and carried out only when something needs its
+        result: `t` reaches its last step, or `add()` brings a request that joins the
+        step after the ones already started. Until then nothing a caller reads changes
+        but what `load()` computes in closed form."""
+        self._now = max(self._now, t)
         sched = self.scheduler
-        while self.clock < t and not self.idle:
-            if self.macro and self._macro_step(t):
+        while True:
+            run = self._run
+            if run is not None:
+                if run.started_before(t) < run.steps:
+                    return
+                self._apply(run, run.steps)
+                continue
+            if self.clock >= t or self.idle:
+                return
+            if self.macro and self._plan_run():
                 continue
             plan = sched.schedule(self.clock)
             if plan is None:  # only requests held back; nothing in this model does that
                 wake = sched.next_wakeup(self.clock)
                 if wake is None or wake >= t:
-                    break
+                    return
                 self.clock = wake
                 continue
             end = self.clock + self.cost.seconds(plan.shape)
@@ -213,6 +291,16 @@ class VirtualEngine:
                     req.times.append(end)
                 if req.state is State.FINISHED:
                     self._finish(req)
+
+    def _cut_run(self, at: float) -> None:
+        """Carry out the steps of the pending run that start before `at`; drop the rest
+        (the engine plans anew from there)."""
+        run = self._run
+        if run is not None:
+            m = run.started_before(at)
+            if m:
+                self._apply(run, m)
+            self._run = None
 
     def _finish(self, req: _Request) -> None:
         assert req.first_token_at is not None and req.finished_at is not None
@@ -234,8 +322,8 @@ class VirtualEngine:
 
     # -- macro-stepping -------------------------------------------------------------------
 
-    def _macro_step(self, limit: float) -> bool:
-        """Jump over a run of >= 2 decode-only steps, if one starts now; False if not."""
+    def _plan_run(self) -> bool:
+        """Plan a run of >= 2 decode-only steps starting now, if the batch allows one."""
         sched = self.scheduler
         cfg = self.config
         running = sched.running
@@ -243,24 +331,22 @@ class VirtualEngine:
         if n == 0 or sched.transferring or n > cfg.max_num_batched_tokens:
             return False
         context = 0
-        cap = math.inf
+        cap = 1 << 62
         for r in running:
             nt = len(r.tokens)
             if r.num_computed_tokens != nt - 1 or not r.generated:
                 return False  # a prefill (or a recompute) is in the batch
             context += nt
-            cap = min(cap, r.max_tokens - r.generated)
+            left = r.max_tokens - r.generated
+            if left < cap:
+                cap = left
         if sched.waiting and not self._head_blocked(n):
             return False
-        run = _DecodeRun(*self.cost.decode_terms(n), context=context, decodes=n)
-        k = int(cap)
-        budget = limit - self.clock
-        if math.isfinite(budget) and run.total(k - 1) >= budget:
-            k = run.steps_starting_before(budget, k)
-        k = self._kv_fit(k)
+        k = self._kv_fit(cap)
         if k < 2:
             return False
-        self._apply(k, run)
+        fixed, per_token = self.cost.decode_terms(n)
+        self._run = _DecodeRun(self.clock, k, fixed, per_token, context, n)
         return True
 
     def _head_blocked(self, decodes: int) -> bool:
@@ -282,31 +368,35 @@ class VirtualEngine:
         want = min(head.num_tokens - computed, budget)
         return not sched._can_allocate(head, hits, computed + want)
 
+    def _new_blocks(self, m: int) -> int:
+        """Blocks the running sequences take on in the first m steps of a decode run."""
+        bs = self.kv.block_size
+        return sum(
+            max(0, -(-(len(r.tokens) + m - 1) // bs) - len(r.blocks))
+            for r in self.scheduler.running
+        )
+
     def _kv_fit(self, k: int) -> int:
         """The longest run (<= k steps) whose new decode blocks fit in the free blocks, so
         nothing would be preempted; the next single step then preempts as vLLM does."""
-        bs = self.kv.block_size
         free = self.kv.num_free_blocks
-        running = self.scheduler.running
-
-        def need(m: int) -> int:  # blocks to hold each sequence's tokens after m steps
-            return sum(max(0, -(-(len(r.tokens) + m - 1) // bs) - len(r.blocks)) for r in running)
-
-        if need(k) <= free:
+        if self._new_blocks(k) <= free:
             return k
-        lo, hi = 0, k  # need(lo) <= free < need(hi)
+        lo, hi = 0, k  # fits(lo), not fits(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if need(mid) <= free:
+            if self._new_blocks(mid) <= free:
                 lo = mid
             else:
                 hi = mid
         return lo
 
-    def _apply(self, k: int, run: _DecodeRun) -> None:
+    def _apply(self, run: _DecodeRun, k: int) -> None:
+        """Carry out the first k steps of the run (k == run.steps ends it)."""
+        self._run = None
         sched = self.scheduler
         kv = self.kv
-        start = self.clock
+        start = run.start
         end = start + run.total(k)
         times = None
         if self.record_token_times:
@@ -342,9 +432,11 @@ class VirtualEngine:
 
 @dataclass(frozen=True, slots=True)
 class _DecodeRun:
-    """A run of decode-only steps of `decodes` sequences attending `context` tokens at
-    its first step: step j costs `fixed + per_token * (context + decodes * j)`."""
+    """`steps` decode-only steps of `decodes` sequences from `start`, attending `context`
+    tokens at the first step: step j costs `fixed + per_token * (context + decodes * j)`."""
 
+    start: float
+    steps: int
     fixed: float
     per_token: float
     context: int
@@ -355,10 +447,15 @@ class _DecodeRun:
         n = self.decodes
         return m * self.fixed + self.per_token * (m * self.context + n * m * (m - 1) / 2)
 
-    def steps_starting_before(self, budget: float, cap: int) -> int:
-        """How many of the first `cap` steps start before `budget` seconds from now:
-        1 + the largest m < cap with total(m) < budget (the quadratic's root, then a
-        fix-up for float rounding)."""
+    def started_before(self, t: float) -> int:
+        """How many of the run's steps start before time `t`: 1 + the largest m < steps
+        with start + total(m) < t (the quadratic's root, then a fix-up for rounding)."""
+        budget = t - self.start
+        if budget <= 0:
+            return 0
+        cap = self.steps
+        if self.total(cap - 1) < budget:
+            return cap
         a = self.per_token * self.decodes / 2
         b = self.fixed + self.per_token * self.context - a
         if a > 0:

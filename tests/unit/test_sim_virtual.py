@@ -13,6 +13,8 @@ import pytest
 
 from epp.sim import presets
 from epp.sim.config import SimConfig
+from epp.sim.kvcache import KVCache
+from epp.sim.sequence import SimRequest
 from epp.sim.virtual import HASH_BASE, VirtualEngine, prompt_tokens
 
 
@@ -34,10 +36,12 @@ def workload(n: int, rate: float, seed: int, *, isl=(20, 400), osl=(1, 300), sha
     return out
 
 
-def run(config: SimConfig, reqs, *, macro: bool, samples=()):
+def run(config: SimConfig, reqs, *, macro: bool, samples=(), trace_hashes=True):
     """Feed arrivals in time order (advancing to each first), then drain; returns the
     finished records by rid, the engine, and the loads read at the `samples` times."""
-    eng = VirtualEngine(config, block_tokens=64, macro=macro, record_token_times=True)
+    eng = VirtualEngine(
+        config, block_tokens=64, macro=macro, record_token_times=True, trace_hashes=trace_hashes
+    )
     events = sorted([(at, 0, r) for r in reqs for at in [r[1]]] + [(s, 1, None) for s in samples])
     loads = []
     for at, kind, r in events:
@@ -96,6 +100,18 @@ def test_same_times_with_prefix_reuse_preemption_and_a_blocked_queue():
     assert [x.kv_usage for x in loads1] == pytest.approx([y.kv_usage for y in loads2])
 
 
+def test_naming_blocks_after_the_trace_ids_caches_exactly_what_hashing_tokens_does():
+    # Same workload, prompt blocks hashed from their tokens vs named after the trace's
+    # hash ids: the same hits, preemptions and token times.
+    config = replace(presets.config_for("tiny"), kv_capacity_tokens=96 * 16, max_model_len=1024)
+    reqs = workload(150, rate=25.0, seed=3, isl=(5, 500), osl=(1, 60), shared=3)
+    named, eng1, _ = run(config, reqs, macro=True, trace_hashes=True)
+    hashed, eng2, _ = run(config, reqs, macro=True, trace_hashes=False)
+    assert eng1.scheduler.stats.prefix_cache_hits == eng2.scheduler.stats.prefix_cache_hits > 0
+    assert eng1.kv.evictions == eng2.kv.evictions > 0
+    assert_same(named, hashed)
+
+
 def test_a_lone_request_matches_the_step_cost_model_by_hand():
     # tiny: step = 2 ms base + max(0, 0.01 ms x prefill + 0.1 ms x decodes); no attention.
     # 100-token prompt: first step 2 + 1.0 = 3.0 ms (token 1); then 4 decode steps of
@@ -112,14 +128,28 @@ def test_a_lone_request_matches_the_step_cost_model_by_hand():
     assert eng.macro_steps == 1  # the 4 decode steps in one jump
 
 
-def test_advance_to_stops_at_the_first_step_starting_at_or_after_t():
-    eng = VirtualEngine(presets.config_for("tiny"))
+def test_a_request_arriving_mid_run_joins_the_step_after_the_started_ones():
+    # tiny: request 0's prefill step ends at 3.0 ms, then decode steps of 2.1 ms start
+    # at 3.0, 5.1, 7.2, 9.3 ms (the one starting at 9.3 ends at 11.4). Request 1 arrives
+    # at 10 ms and joins the step at 11.4 ms: 2 + 0.01 x 100 + 0.1 x 1 decode = 3.1 ms,
+    # so its first token is at 14.5 ms (a TTFT of 4.5 ms).
+    eng = VirtualEngine(presets.config_for("tiny"), record_token_times=True)
     eng.add(0, 100, 50, at=0.0)
-    eng.advance_to(0.010)  # steps start at 0, 3.0, 5.1, 7.2, 9.3 ms; the last ends 11.4
-    assert eng.clock == pytest.approx(0.0114)
-    assert eng.load().running == 1
-    assert eng.next_event_time() == pytest.approx(0.0114)
+    eng.advance_to(0.010)
+    # Mid-run: the load is exact without carrying the run out. 100 + 50 tokens hold
+    # ceil(149 / 16) = 10 blocks at the end; after 4 decode steps it holds tokens
+    # 0..103 computed = ceil(104 / 16) = 7 blocks of tiny's 128; 46 outputs left.
+    load = eng.load()
+    assert (load.running, load.waiting) == (1, 0)
+    assert load.kv_usage == pytest.approx(7 / 128)
+    assert load.in_flight_tokens == 50 - 5  # 1 token from the prefill step, 4 decoded
+    assert eng.next_event_time() == pytest.approx(0.003 + 49 * 0.0021)  # its last token
+    eng.add(1, 100, 2, at=0.010)
     eng.advance_to(math.inf)
+    done = {f.rid: f for f in eng.drain_finished()}
+    assert done[1].ttft_s == pytest.approx(0.0045)
+    assert done[0].token_times[:6] == pytest.approx([0.003, 0.0051, 0.0072, 0.0093, 0.0114,
+                                                     0.0145])  # fmt: skip
     assert eng.idle and eng.next_event_time() == math.inf
 
 
@@ -139,3 +169,17 @@ def test_bad_requests_are_refused_with_the_reason():
         eng.add(1, 1000, 100, at=0.0)
     with pytest.raises(ValueError, match="isl and osl must be >= 1"):
         eng.add(2, 0, 10, at=0.0)
+
+
+def test_a_request_whose_hashes_are_known_still_computes_its_last_token():
+    # 8 tokens in blocks of 4: both blocks are full and cached, but a hit may cover at
+    # most (8 - 1) // 4 = 1 block, so the last token is computed for the logits. (A
+    # preempted request, or one whose block names come from a trace, already has every
+    # full block's hash when it is looked up.)
+    kv = KVCache(8, 4)
+    req = SimRequest(list(range(8)), 1)
+    assert kv.allocate(req, 8)
+    kv.cache_full_blocks(req, 8)
+    again = SimRequest(list(range(8)), 1)
+    kv.request_block_hashes(again, 8)  # both hashes known up front
+    assert len(kv.find_cached_prefix(again)) == 1
