@@ -36,12 +36,10 @@ def workload(n: int, rate: float, seed: int, *, isl=(20, 400), osl=(1, 300), sha
     return out
 
 
-def run(config: SimConfig, reqs, *, macro: bool, samples=(), trace_hashes=True):
+def run(config: SimConfig, reqs, *, macro: bool, samples=(), **options):
     """Feed arrivals in time order (advancing to each first), then drain; returns the
     finished records by rid, the engine, and the loads read at the `samples` times."""
-    eng = VirtualEngine(
-        config, block_tokens=64, macro=macro, record_token_times=True, trace_hashes=trace_hashes
-    )
+    eng = VirtualEngine(config, block_tokens=64, macro=macro, record_token_times=True, **options)
     events = sorted([(at, 0, r) for r in reqs for at in [r[1]]] + [(s, 1, None) for s in samples])
     loads = []
     for at, kind, r in events:
@@ -110,6 +108,22 @@ def test_naming_blocks_after_the_trace_ids_caches_exactly_what_hashing_tokens_do
     assert eng1.scheduler.stats.prefix_cache_hits == eng2.scheduler.stats.prefix_cache_hits > 0
     assert eng1.kv.evictions == eng2.kv.evictions > 0
     assert_same(named, hashed)
+
+
+def test_counting_blocks_without_caching_is_the_kv_cache_without_caching():
+    # A small cache so sequences get preempted and the queue's head waits for blocks.
+    config = replace(
+        presets.config_for("tiny"), kv_capacity_tokens=48 * 16, max_model_len=768,
+        enable_prefix_caching=False,
+    )  # fmt: skip
+    reqs = workload(150, rate=30.0, seed=4, isl=(10, 300), osl=(1, 200))
+    samples = [0.25 * i for i in range(30)]
+    counted, eng1, loads1 = run(config, reqs, macro=True, samples=samples)
+    cached, eng2, loads2 = run(config, reqs, macro=True, samples=samples, count_blocks=False)
+    assert type(eng1.kv).__name__ == "BlockCounter" and type(eng2.kv).__name__ == "KVCache"
+    assert eng1.scheduler.stats.preemptions == eng2.scheduler.stats.preemptions > 0
+    assert_same(counted, cached)
+    assert loads1 == loads2
 
 
 def test_a_lone_request_matches_the_step_cost_model_by_hand():

@@ -1,0 +1,200 @@
+"""The static baselines of `epp plan replay --compare`, and how big they are.
+
+A static pool never changes; what matters is its size, which the replay measures on the
+trace itself (issue 8: "static at peak", "static at mean"):
+
+- `static-peak`: the fewest replicas whose p90 TTFT and p90 ITL meet the SLA in the
+  trace's busiest interval (most arrivals; ties: the earliest), replayed with the
+  interval before it as warm-up so the pool is not empty when it begins.
+- `static-mean`: the same search on the interval whose arrival count is nearest the
+  trace's mean per interval (empty intervals included, so a bursty trace's mean is
+  low): the pool an operator sizing for average traffic would deploy.
+
+The search replays only those two intervals, for 1, 2, 4, ... replicas and then
+bisects (latency falls with replicas), so it costs a few seconds, not a full replay
+per size. `default_sla` picks an SLA when the user gives none: the p90 TTFT and ITL of
+the peak interval on a pool large enough that more replicas stop helping (within 5 %),
+times `TTFT_HEADROOM` and `ITL_HEADROOM`, rounded up to a round number (`nice_up`): an SLA the
+static-peak pool meets by construction, and as tight as the server allows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from epp.planner.outcome import Sla
+from epp.planner.pool import PoolShape, Spares
+from epp.planner.replay import Arrival, Served, replay
+from epp.planner.types import Decision, Observation, Role, Stats
+
+STATIC_NAMES = ("static-peak", "static-mean")
+TTFT_HEADROOM = 3.0
+ITL_HEADROOM = 1.5
+MAX_REPLICAS = 256
+NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+class NoPoolMeetsSla(ValueError):
+    """No pool of up to `MAX_REPLICAS` replicas meets the SLA at the peak."""
+
+
+class StaticPolicy:
+    """A fixed replica count: never scales (a `types.Policy`)."""
+
+    def __init__(self, name: str, replicas: int, interval_s: float) -> None:
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        self.name = name
+        self.replicas = replicas
+        self.interval_s = interval_s
+        self.sample_interval_s = interval_s  # it reads nothing; sample once per interval
+
+    def step(self, now: float, obs: Observation) -> Decision:
+        return Decision(
+            at=now,
+            targets={Role.AGGREGATED: self.replicas},
+            reason=f"{self.name}: {self.replicas} replicas, always",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One interval of the trace to size a pool on, with its warm-up."""
+
+    start: float
+    end: float
+    arrivals: int
+    why: str  # "peak" or "mean"
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    replicas: int
+    segment: Segment
+    ttft_ms: Stats  # at that size
+    itl_ms: Stats
+
+
+def counts_per_interval(arrivals: Sequence[Arrival], interval_s: float) -> list[int]:
+    n = max(1, math.ceil((arrivals[-1].t_s + 1e-9) / interval_s))
+    counts = [0] * n
+    for a in arrivals:
+        counts[min(n - 1, int(a.t_s // interval_s))] += 1
+    return counts
+
+
+def peak_segment(arrivals: Sequence[Arrival], interval_s: float) -> Segment:
+    counts = counts_per_interval(arrivals, interval_s)
+    k = max(range(len(counts)), key=lambda i: (counts[i], -i))
+    return Segment(k * interval_s, (k + 1) * interval_s, counts[k], "peak")
+
+
+def mean_segment(arrivals: Sequence[Arrival], interval_s: float) -> Segment:
+    counts = counts_per_interval(arrivals, interval_s)
+    mean = sum(counts) / len(counts)
+    k = min(range(len(counts)), key=lambda i: (abs(counts[i] - mean), i))
+    return Segment(k * interval_s, (k + 1) * interval_s, counts[k], "mean")
+
+
+class Sizer:
+    """Measures static pools on segments of one trace, remembering every measurement
+    (the SLA pick and both searches share them) and lending engines across replays."""
+
+    def __init__(
+        self, arrivals: Sequence[Arrival], shape: PoolShape, spares: Spares | None = None
+    ) -> None:
+        self.arrivals = arrivals
+        self.shape = shape
+        self.spares = spares or Spares()
+        self._seen: dict[tuple[float, int], tuple[Stats, Stats]] = {}
+
+    def measure(self, segment: Segment, replicas: int) -> tuple[Stats, Stats]:
+        """p50/p90/p99 TTFT and ITL of the segment's requests on `replicas` static
+        replicas (the interval before it replayed as warm-up, its requests not judged)."""
+        key = (segment.start, replicas)
+        if key not in self._seen:
+            self._seen[key] = self._measure(segment, replicas)
+        return self._seen[key]
+
+    def _measure(self, segment: Segment, replicas: int) -> tuple[Stats, Stats]:
+        warm = segment.start - (segment.end - segment.start)
+        part = [a for a in self.arrivals if warm <= a.t_s < segment.end]
+        if not part:
+            return Stats(), Stats()
+        t0 = part[0].t_s
+        shifted = [_Shifted(a.t_s - t0, a.isl, a.osl, a.hash_ids) for a in part]
+        policy = StaticPolicy("sizing", replicas, segment.end - segment.start)
+        run = replay(shifted, policy, self.shape, initial=replicas, spares=self.spares)
+        judged: list[Served] = [s for s in run.served if s.arrival + t0 >= segment.start]
+        ttft = Stats.of([s.ttft_ms for s in judged])
+        itl = Stats.of([s.itl_ms for s in judged if not math.isnan(s.itl_ms)])
+        return ttft, itl
+
+    def smallest_pool(
+        self, sla: Sla, segment: Segment, *, max_replicas: int = MAX_REPLICAS
+    ) -> Sizing:
+        """The fewest replicas meeting `sla` (p90 TTFT and ITL) on the segment."""
+
+        def ok(n: int) -> bool:
+            ttft, itl = self.measure(segment, n)
+            return ttft.empty or sla.within(ttft, itl)
+
+        hi = 1
+        while not ok(hi):
+            if hi >= max_replicas:
+                ttft, itl = self.measure(segment, hi)
+                raise NoPoolMeetsSla(
+                    f"no pool of up to {max_replicas} replicas meets TTFT {sla.ttft_ms:g} ms / "
+                    f"ITL {sla.itl_ms:g} ms (p90) in the trace's {segment.why} interval; at "
+                    f"{hi} replicas p90 TTFT is {ttft.p90:.0f} ms and p90 ITL "
+                    f"{itl.p90:.1f} ms: raise --ttft/--itl"
+                )
+            hi = min(max_replicas, hi * 2)
+        lo = hi // 2  # not ok (or 0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid
+        ttft, itl = self.measure(segment, hi)
+        return Sizing(hi, segment, ttft, itl)
+
+    def default_sla(self, interval_s: float) -> Sla:
+        """An SLA the static-peak pool meets (see the module doc)."""
+        segment = peak_segment(self.arrivals, interval_s)
+        n = 1
+        prev = self.measure(segment, n)
+        while n < MAX_REPLICAS:
+            n *= 2
+            cur = self.measure(segment, n)
+            settled = cur[0].p90 >= 0.95 * prev[0].p90 and cur[1].p90 >= 0.95 * prev[1].p90
+            prev = cur
+            if settled:
+                break
+        ttft, itl = prev
+        itl_p90 = itl.p90 if not itl.empty else 1.0
+        return Sla(nice_up(TTFT_HEADROOM * ttft.p90), nice_up(ITL_HEADROOM * itl_p90))
+
+
+def nice_up(x: float) -> float:
+    """The smallest step of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 (x 10^k) at or above `x`:
+    a round number, at most 25 % above it."""
+    if not x > 0:
+        return 1.0
+    e = math.floor(math.log10(x))
+    for m in NICE:
+        v = round(m * 10.0**e, 9)
+        if v >= x * (1 - 1e-12):
+            return v
+    return 10.0 ** (e + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shifted:
+    t_s: float
+    isl: int
+    osl: int
+    hash_ids: tuple[int, ...]
