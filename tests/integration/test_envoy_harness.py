@@ -401,3 +401,22 @@ def test_validation_rejects_full_duplex_without_request_trailers(tmp_path: Path)
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match="request_trailer_mode has to be set to SEND"):
         validate_config(path)
+
+
+@pytest.mark.e2e
+async def test_unreachable_epp_gets_a_503_json_error_not_an_empty_500() -> None:
+    """Nothing listens on the ext_proc port: Envoy's local reply config answers for the EPP
+    in the EPP's own error shape, so a client can tell "retry" from "bad request"."""
+    grpc_port, health_port = free_port(), free_port()  # closed: no EPP
+    with ProcessGroup() as pg:
+        envoy = start_envoy(pg, _local_options(grpc_port, health_port))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(envoy.url + "/v1/completions", json={"model": "m"}) as resp,
+        ):
+            body = await resp.json(content_type=None)
+            assert resp.status == 503
+            assert resp.headers["content-type"] == "application/json"
+    assert body["error"]["type"] == "service_unavailable"
+    assert body["error"]["code"] == "endpoint_picker_unavailable"
+    assert "endpoint picker is unavailable" in body["error"]["message"]

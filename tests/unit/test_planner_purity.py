@@ -25,6 +25,7 @@ IO_MODULES = {
     "profiler/plots.py",
     "profiler/cli.py",
     "plots.py",
+    "tracefile.py",
 }
 FORBIDDEN = {
     "aiohttp",
