@@ -104,12 +104,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the planner file's profile-results-dir, else the preset profiled in "
         "virtual time)",
     )
-    r.add_argument("--seed", type=int, default=0, help="routing tie-break seed (default 0)")
+    r.add_argument(
+        "--rate-scale",
+        type=float,
+        metavar="K",
+        help="K times the trace's arrival rate (copies with seeded jitter and their "
+        "own prefix ids; tracegen.scale_rate)",
+    )
+    r.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the routing tie-break and --rate-scale (default 0)",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    b = sub.add_parser(
+        "bursty",
+        help="write a generated bursty trace (Mooncake JSONL) for replays",
+        description="Write a seeded bursty trace: quiet gaps with no request, then bursts at "
+        "several times the mean rate (tracegen.bursty; Azure-like lengths, no prefix ids).",
+    )
+    b.add_argument("-o", "--out", required=True, metavar="FILE", help="JSONL file to write")
+    b.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
+    b.add_argument("--duration", default="1h", metavar="DURATION", help="trace length (default 1h)")
+    b.add_argument(
+        "--rate",
+        type=float,
+        default=5.0,
+        metavar="RPS",
+        help="long-run mean request rate (default 5 req/s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.plan_command == "bursty":
+            return _bursty(args)
         return _replay(args)
     except UsageError as e:
         print(f"epp plan replay: error: {e}", file=sys.stderr)
@@ -126,7 +157,13 @@ def _replay(args: argparse.Namespace) -> int:
     from epp.planner.tracefile import load_trace
     from epp.sim import presets
 
+    if args.rate_scale is not None and not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
+        raise UsageError("--rate-scale must be a positive number")
     arrivals = load_trace(args.trace)
+    if args.rate_scale is not None:
+        from epp.planner.tracegen import scale_rate
+
+        arrivals = scale_rate(arrivals, args.rate_scale, seed=args.seed)
     if args.time_limit is not None:
         limit = parse_duration(args.time_limit)
         arrivals = [a for a in arrivals if a.t_s < limit]
@@ -182,6 +219,35 @@ def _replay(args: argparse.Namespace) -> int:
 
         plot_replay(Path(args.plot), results, setup)
         say(f"wrote {args.plot}")
+    return 0
+
+
+def _bursty(args: argparse.Namespace) -> int:
+    from epp.planner.tracegen import bursty
+
+    duration = parse_duration(args.duration, "--duration")
+    if not (args.rate > 0 and math.isfinite(args.rate)):
+        raise UsageError("--rate must be a positive number of requests per second")
+    arrivals = bursty(args.seed, duration, args.rate)
+    lines = [
+        json.dumps(
+            {
+                "timestamp": round(a.t_s * 1000, 3),
+                "input_length": a.isl,
+                "output_length": a.osl,
+                "hash_ids": list(a.hash_ids),
+            }
+        )
+        for a in arrivals
+    ]
+    try:
+        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"{args.out}: cannot write the trace: {e.strerror}") from None
+    print(
+        f"wrote {args.out}: {len(arrivals)} requests over {duration / 60:g} min, mean "
+        f"{len(arrivals) / duration:.2f} req/s (seed {args.seed})"
+    )
     return 0
 
 
@@ -423,13 +489,13 @@ def _triple(stats: Any, digits: int) -> str:
 # -- small helpers ----------------------------------------------------------------------
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--time-limit") -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", text)
     if not m:
-        raise UsageError(f"--time-limit {text!r}: expected a duration like 600, 90s, 10m or 1h")
+        raise UsageError(f"{flag} {text!r}: expected a duration like 600, 90s, 10m or 1h")
     value = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
     if value <= 0:
-        raise UsageError("--time-limit must be positive")
+        raise UsageError(f"{flag} must be positive")
     return value
 
 

@@ -254,6 +254,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
          ("--preset", "tiny", "--ttft", "0.01", "--itl", "0.01"), "no pool of up to"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--time-limit", "soon"),
          "--time-limit"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--rate-scale", "0"),
+         "--rate-scale must be a positive number"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, message):
@@ -294,3 +296,13 @@ def test_compare_writes_the_json_the_issue_asks_for(tmp_path, capsys):
         assert {"gpu_hours", "sla_intervals", "sla_requests", "actions"} <= set(p)
         assert 0.0 <= p["sla_intervals"] <= 1.0 and 0.0 <= p["sla_requests"] <= 1.0
     assert "static-peak" in out and "GPU-h" in out
+
+
+def test_bursty_writes_a_trace_the_replay_reads(tmp_path, capsys):
+    out = tmp_path / "b.jsonl"
+    assert main(["plan", "bursty", "-o", str(out), "--duration", "10m", "--rate", "2"]) == 0
+    from epp.planner.tracefile import load_trace
+
+    arrivals = load_trace(out)
+    assert arrivals and arrivals[-1].t_s < 600
+    assert "wrote" in capsys.readouterr().out
