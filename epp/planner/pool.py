@@ -89,14 +89,15 @@ class Spares:
     fresh replicas): replays that start replicas often, or run one after another, skip
     rebuilding the KV block pool each time."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, macro: bool = True) -> None:
+        self.macro = macro  # False: step every engine step singly (to measure the jump)
         self._idle: dict[tuple[SimConfig, int], list[VirtualEngine]] = {}
 
     def get(self, sim: SimConfig, block_tokens: int) -> VirtualEngine:
         stack = self._idle.get((sim, block_tokens))
         if stack:
             return stack.pop()
-        return VirtualEngine(sim, block_tokens=block_tokens)
+        return VirtualEngine(sim, block_tokens=block_tokens, macro=self.macro)
 
     def put(self, engine: VirtualEngine) -> None:
         if not engine.idle:
