@@ -197,6 +197,7 @@ def _replay(args: argparse.Namespace) -> int:
         setup = cmp.prepare(arrivals, shape, interval, sla, sizer=sizer)
     except NoPoolMeetsSla as e:
         raise UsageError(str(e)) from None
+    setup = dataclasses.replace(setup, budget_gpus=_budget(args, setup))
     _describe(setup, preset.name, args, say)
 
     names = _policy_names(args)
@@ -332,7 +333,10 @@ def _factories(
 
 
 def _planner_config(args: argparse.Namespace) -> Any:
-    from epp.planner.config import PlannerConfig, load_planner_file
+    try:
+        from epp.planner.config import PlannerConfig, load_planner_file
+    except ImportError:
+        raise UsageError("--planner needs epp.planner.config, not in this build") from None
 
     if args.planner is None:
         return PlannerConfig()
@@ -341,6 +345,14 @@ def _planner_config(args: argparse.Namespace) -> Any:
     except OSError as e:
         raise UsageError(f"{args.planner}: cannot read the planner file: {e.strerror}") from None
     return load_planner_file(text, args.planner)
+
+
+def _budget(args: argparse.Namespace, setup: cmp.Setup) -> int | None:
+    """The planners' GPU budget: the planner file's, else twice static-peak's GPUs (at
+    least the library default of 8, which alone would cap a larger pool)."""
+    if args.planner is not None:
+        return _planner_config(args).budget.max_gpu_budget
+    return max(8, 2 * setup.peak.replicas * setup.shape.gpus_per_replica)
 
 
 def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup) -> Any:
@@ -363,7 +375,7 @@ def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup
         gpus = setup.shape.gpus_per_replica
         budget = dataclasses.replace(
             budget,
-            max_gpu_budget=max(8, 2 * setup.peak.replicas * gpus),
+            max_gpu_budget=setup.budget_gpus,
             decode_engine_num_gpu=gpus,
             prefill_engine_num_gpu=gpus,
         )
@@ -442,7 +454,7 @@ def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
     )
     print(
         f"{'policy':<12} {'GPU-h':>7} {'vs peak':>7} {'intervals':>9} {'requests':>8} "
-        f"{'worst 5m':>8} {'actions':>7} {'revers.':>7} {'lost':>4}  replicas"
+        f"{'worst 5m':>8} {'actions':>7} {'revers.':>7} {'lost':>4} {'>budget':>7}  replicas"
     )
     for r in results:
         s = r.summary
@@ -450,7 +462,7 @@ def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
         print(
             f"{s.policy:<12} {s.gpu_hours:7.2f} {ratio:>7} {s.sla_intervals:9.1%} "
             f"{s.sla_requests:8.1%} {s.worst_window:8.1%} {s.actions:7d} {s.reversals:7d} "
-            f"{s.lost:4d}  {r.note or r.initial}"
+            f"{s.lost:4d} {s.over_budget:7d}  {r.note or r.initial}"
         )
     rejected = max((r.summary.rejected for r in results), default=0)
     if rejected:

@@ -51,6 +51,7 @@ class Setup:
     interval_s: float
     peak: Sizing  # sized on the busiest intervals
     mean: Sizing
+    budget_gpus: int | None = None  # the planners' GPU budget (None: unbounded)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def run_policy(
         spares=spares,
         progress=progress,
     )
-    return Result(summarize(run, setup.sla, setup.interval_s), run, initial, note)
+    summary = summarize(run, setup.sla, setup.interval_s, budget_gpus=setup.budget_gpus)
+    return Result(summary, run, initial, note)
 
 
 def static_peak(

@@ -79,6 +79,7 @@ class Summary:
     worst_window: float  # lowest request attainment over any 5-minute window
     worst_window_start: float
     peak_gpus: int
+    over_budget: int = 0  # intervals whose most GPUs held at once exceeded the budget
 
     def as_json(self) -> dict[str, object]:
         """The `--json` record: issue 8's keys first, then the rest of the verdict."""
@@ -94,6 +95,7 @@ class Summary:
             "requests": self.requests,
             "worst_5min_requests": round(self.worst_window, 4),
             "peak_gpus": self.peak_gpus,
+            "intervals_over_budget": self.over_budget,
         }
 
 
@@ -104,7 +106,10 @@ def summarize(
     *,
     reversal_window_s: float = REVERSAL_WINDOW_S,
     worst_window_s: float = WORST_WINDOW_S,
+    budget_gpus: int | None = None,
 ) -> Summary:
+    """`budget_gpus`: the GPU budget the policy was given, to count the intervals in
+    which the replicas holding GPUs (starting and draining ones too) exceeded it."""
     if not interval_s > 0:
         raise ValueError("interval_s must be positive")
     count = max(1, math.ceil((run.last_arrival + 1e-9) / interval_s))
@@ -132,6 +137,11 @@ def summarize(
         worst_window=worst,
         worst_window_start=worst_at,
         peak_gpus=_peak_gpus(run),
+        over_budget=(
+            0
+            if budget_gpus is None
+            else sum(1 for r in rows if _peak_gpus(run, r.start, r.end) > budget_gpus)
+        ),
     )
 
 
@@ -184,11 +194,15 @@ def _worst_window(
     return worst, worst_at
 
 
-def _peak_gpus(run: Run) -> int:
-    """Most GPUs held at once (replicas starting and draining included)."""
-    held_any = [lt for lt in run.lifetimes if lt.released_at > lt.started_at]
+def _peak_gpus(run: Run, start: float = -math.inf, end: float = math.inf) -> int:
+    """Most GPUs held at once within [start, end) (starting and draining included)."""
+    held_any = [
+        lt
+        for lt in run.lifetimes
+        if lt.released_at > lt.started_at and lt.started_at < end and lt.released_at > start
+    ]
     events = sorted(
-        [(lt.started_at, lt.gpus) for lt in held_any]
+        [(max(lt.started_at, start), lt.gpus) for lt in held_any]
         + [(lt.released_at, -lt.gpus) for lt in held_any],
         key=lambda e: (e[0], e[1]),  # a release before a start at the same instant
     )

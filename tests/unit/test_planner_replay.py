@@ -176,6 +176,17 @@ def test_reversals_and_actions_on_a_scripted_run():
     assert (s.actions, s.reversals) == (4, 1)
 
 
+def test_intervals_over_the_gpu_budget_count_starting_replicas():
+    # 1 replica, then 3 at t=10 s (two starting until 30 s): 3 GPUs held from 10 s on.
+    # Against a budget of 2, every 10 s interval from [10, 20) on is over it.
+    arrivals = [Arrival(0.5 + i, 40, 4) for i in range(40)]
+    run = replay(arrivals, Script([3]), shape(20.0), initial=1)
+    s = summarize(run, Sla(1000, 100), 10.0, budget_gpus=2)
+    assert s.peak_gpus == 3
+    assert s.over_budget == len(s.rows) - 1  # all but [0, 10)
+    assert summarize(run, Sla(1000, 100), 10.0, budget_gpus=3).over_budget == 0
+
+
 def test_interval_and_request_attainment_by_hand():
     # Two replicas; SLA TTFT 1000 ms: with a 1-second wait injected by scale-to-zero,
     # the requests held do not meet it.
