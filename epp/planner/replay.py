@@ -265,13 +265,23 @@ class _Replay:
             ttft_ms = (f.first_token - a.t_s) * 1000.0
             itl_ms = f.itl_s * 1000.0
             self.served.append(
-                Served(rid, a.t_s, ttft_ms, itl_ms, f.finish, f.isl, f.osl, f.cached_tokens,
-                       self.where.pop(rid))
-            )  # fmt: skip
+                Served(
+                    rid,
+                    a.t_s,
+                    ttft_ms,
+                    itl_ms,
+                    f.finish,
+                    f.isl,
+                    f.osl,
+                    f.cached_tokens,
+                    self.where.pop(rid),
+                )
+            )
             self.window.complete(
-                RequestRecord(f.finish, f.isl, f.osl, ttft_ms, itl_ms, f.finish - a.t_s,
-                              f.cached_tokens)
-            )  # fmt: skip
+                RequestRecord(
+                    f.finish, f.isl, f.osl, ttft_ms, itl_ms, f.finish - a.t_s, f.cached_tokens
+                )
+            )
 
     def _idle(self) -> bool:
         return all(r.in_flight == 0 for r in self.pool.replicas)
@@ -299,6 +309,12 @@ class _Replay:
         obs = self.window.close(now, {self.role: pool.counts()}, pool.endpoints())
         decision = self.policy.step(now, obs)
         self.decisions.append(decision)
+        other = sorted(r.value for r in decision.targets if r is not self.role)
+        if other or self.role not in decision.targets:
+            raise ValueError(
+                f"policy {self.policy.name} sized roles {sorted(map(str, decision.targets))}; "
+                f"the replay models one {self.role.value} pool (P/D is not modelled yet)"
+            )
         target = decision.target(self.role)
         if target < 0:
             raise ValueError(f"policy {self.policy.name} asked for {target} replicas")

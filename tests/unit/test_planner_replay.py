@@ -317,3 +317,12 @@ def test_bursty_writes_a_trace_the_replay_reads(tmp_path, capsys):
     arrivals = load_trace(out)
     assert arrivals and arrivals[-1].t_s < 600
     assert "wrote" in capsys.readouterr().out
+
+
+def test_a_policy_sizing_prefill_and_decode_is_refused_not_misread():
+    class PD(Script):
+        def step(self, now: float, obs: Observation) -> Decision:
+            return Decision(at=now, targets={Role.PREFILL: 1, Role.DECODE: 1}, reason="P/D")
+
+    with pytest.raises(ValueError, match="P/D is not modelled"):
+        replay([Arrival(0.5, 40, 4)] * 1 + [Arrival(15.0, 40, 4)], PD([1]), shape(), initial=1)
