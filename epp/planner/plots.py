@@ -27,8 +27,8 @@ def plot_replay(path: Path, results: Sequence[Result], setup: Setup) -> None:
         color = f"C{i}"
         label = f"{s.policy} ({s.gpu_hours:.2f} GPU-h, {s.sla_intervals:.0%} intervals)"
         gpus_ax.step(xs, [r.gpus for r in s.rows], where="post", color=color, label=label)
-        ttft_ax.plot(xs, [r.ttft_ms.p90 for r in s.rows], color=color, lw=1)
-        itl_ax.plot(xs, [r.itl_ms.p90 for r in s.rows], color=color, lw=1)
+        ttft_ax.plot(xs, [r.ttft_ms.p90 for r in s.rows], color=color, lw=1, marker=".", ms=3)
+        itl_ax.plot(xs, [r.itl_ms.p90 for r in s.rows], color=color, lw=1, marker=".", ms=3)
     sla = setup.sla
     ttft_ax.axhline(sla.ttft_ms, color="k", ls="--", lw=1, label=f"SLA {sla.ttft_ms:g} ms")
     itl_ax.axhline(sla.itl_ms, color="k", ls="--", lw=1, label=f"SLA {sla.itl_ms:g} ms")
