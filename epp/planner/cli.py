@@ -395,15 +395,42 @@ def _profile(args: argparse.Namespace, base: Any, setup: cmp.Setup, say: _Say) -
         return load_profile(args.profile)
     if args.planner and Path(base.planner.profile_results_dir).is_dir():
         return load_profile(base.planner.profile_results_dir)
+    say(f"profiling {setup.shape.sim.preset} in virtual time for the SLA policies ...")
+    return _virtual_profile(setup.shape.sim.preset, setup.sla, say.quiet)
+
+
+def _virtual_profile(preset: str, sla: Sla, quiet: bool) -> Any:
+    """`epp profile --virtual-preset PRESET` in-process: the preset's own scheduler in
+    virtual time, no sockets (the profiler's sweep, the planner's interpolators)."""
     try:
-        from epp.planner.profiler.virtual import profile_for_preset
+        import asyncio
+
+        from epp.planner.perf import Profile
+        from epp.planner.profiler.driver import Sla as ProfilerSla
+        from epp.planner.profiler.driver import profile
+        from epp.planner.profiler.plan import SweepSettings
+        from epp.planner.profiler.results import decode_arrays, prefill_arrays
+        from epp.planner.profiler.sweep import ProgressBar
+        from epp.planner.profiler.virtual import VirtualTarget
     except ImportError:
         raise UsageError(
-            "the SLA policies (epp, dynamo) need a profile: give --profile DIR "
-            f"(epp profile --virtual-preset {setup.shape.sim.preset} -o DIR)"
+            "the SLA policies (epp, dynamo) need a profile and the profiler is not in this "
+            f"build: give --profile DIR (epp profile --virtual-preset {preset} -o DIR)"
         ) from None
-    say(f"profiling {setup.shape.sim.preset} in virtual time for the SLA policies ...")
-    return profile_for_preset(setup.shape.sim.preset, setup.sla.ttft_ms, setup.sla.itl_ms)
+    target = VirtualTarget.for_preset(preset)
+    report = asyncio.run(
+        profile(
+            [target],
+            SweepSettings(),
+            ProfilerSla(sla.ttft_ms, sla.itl_ms),
+            ProgressBar(enabled=not quiet),
+        )
+    )
+    return Profile.from_arrays(
+        prefill_arrays(report.prefill),
+        decode_arrays(report.decode, report.decode_max_kv_tokens),
+        source=f"virtual:{preset}",
+    )
 
 
 # -- output ---------------------------------------------------------------------------
