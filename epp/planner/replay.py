@@ -197,6 +197,7 @@ class _Replay:
             if i == n and not self.held and not self.done and self._idle():
                 break
             if i == n and t > last + self.max_tail_s:
+                self._record(math.inf)
                 lost = len(self.held) + sum(r.in_flight for r in self.pool.replicas)
                 break
         end = t

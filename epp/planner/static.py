@@ -12,18 +12,22 @@ trace itself (issue 8: "static at peak", "static at mean"):
   trace's mean per interval (empty intervals included, so a bursty trace's mean is
   low): the pool an operator sizing for average traffic would deploy.
 
-The search replays only those intervals, for 1, 2, 4, ... replicas and then bisects
-(latency falls with replicas), so it costs seconds, not a full replay per size.
+The search replays only those intervals: it starts a quarter of the way to a lightly
+loaded pool (`light_pool`), halves while the SLA holds, doubles while it does not, then
+bisects (latency falls with replicas). It costs seconds, not a full replay per size, and
+avoids measuring a pool far too small (a deep queue is the expensive replay); a sizing
+replay gives up two intervals after its segment, counting what is unanswered as failing.
 
 `Sizer.default_sla` picks an SLA when the user gives none: the p90 TTFT and ITL of the
 busiest interval on a pool large enough that doubling it changes them by under 5 %
-(the server's floor at that traffic), times `TTFT_HEADROOM` (2: as much queueing as
-service) and `ITL_HEADROOM` (1.5: steps half again as slow as an idle pool's, as
-batches grow), rounded up to a round number (`nice_up`, at most 25 % more). Tighter
-ITL targets leave the SLA planners nothing to size with: at 1.25x (12 ms for the 8B
-preset on the Azure trace) a correction factor of 1.3 puts the corrected target below
-the profile's fastest point (9 ms at one request in flight). Some pool
-meets it by construction; how large is what the search finds.
+(the server's floor at that traffic; the doubling starts at `light_pool`, about 8
+requests in flight per replica by Little's law), times `TTFT_HEADROOM` (2: as much
+queueing as service) and `ITL_HEADROOM` (1.5: steps half again as slow as an idle
+pool's, as batches grow), rounded up to a round number (`nice_up`, at most 25 % more).
+Tighter ITL targets leave the SLA planners nothing to size with: at 1.25x (12 ms for
+the 8B preset on the Azure trace) a correction factor of 1.3 puts the corrected target
+below the profile's fastest point (9 ms at one request in flight). Some pool meets it
+by construction; how large is what the search finds.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from epp.planner.outcome import Sla
 from epp.planner.pool import PoolShape, Spares
 from epp.planner.replay import Arrival, Served, replay
 from epp.planner.types import Decision, Observation, Role, Stats
+from epp.sim.latency import StepCostModel
 
 STATIC_NAMES = ("static-peak", "static-mean")
 TTFT_HEADROOM = 2.0
 ITL_HEADROOM = 1.5
 MAX_REPLICAS = 256
+LIGHT_BATCH = 8  # requests in flight per replica that `light_pool` aims at
+TAIL_INTERVALS = 2  # a sizing replay stops this many intervals after the segment's end
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
 
@@ -145,10 +152,18 @@ class Sizer:
             return Stats(), Stats()
         t0 = part[0].t_s
         shifted = [_Shifted(a.t_s - t0, a.isl, a.osl, a.hash_ids) for a in part]
-        policy = StaticPolicy("sizing", replicas, segment.end - segment.start)
-        run = replay(shifted, policy, self.shape, initial=replicas, spares=self.spares)
+        length = segment.end - segment.start
+        policy = StaticPolicy("sizing", replicas, length)
+        run = replay(
+            shifted, policy, self.shape, initial=replicas, spares=self.spares,
+            max_tail_s=TAIL_INTERVALS * length,
+        )  # fmt: skip
         judged: list[Served] = [s for s in run.served if s.arrival + t0 >= segment.start]
-        ttft = Stats.of([s.ttft_ms for s in judged])
+        # A pool too small for the segment is still serving its backlog when the replay
+        # gives up: those requests count as never answered (an infinite TTFT), which
+        # fails the SLA without simulating an overloaded pool's hour-long drain.
+        unanswered = [math.inf] * run.lost
+        ttft = Stats.of([s.ttft_ms for s in judged] + unanswered)
         itl = Stats.of([s.itl_ms for s in judged if not math.isnan(s.itl_ms)])
         return ttft, itl
 
@@ -166,7 +181,12 @@ class Sizer:
             ttft, itl = self.measure(segment, n)
             return ttft.empty or sla.within(ttft, itl)
 
-        hi = 1
+        # Start a quarter of the way to a lightly loaded pool and walk down while it
+        # holds: a pool far too small is the expensive measurement (a deep queue), so
+        # the search avoids measuring one.
+        hi = max(1, min(max_replicas, self.light_pool(segment) // 4))
+        while hi > 1 and ok(hi):
+            hi //= 2
         while not ok(hi):
             if hi >= max_replicas:
                 ttft, itl = self.measure(segment, hi)
@@ -187,10 +207,22 @@ class Sizer:
         ttft, itl = self.measure(segment, hi)
         return Sizing(hi, segment, ttft, itl)
 
+    def light_pool(self, segment: Segment) -> int:
+        """A power of two of replicas that leaves each about `LIGHT_BATCH` requests in
+        flight in the segment, by Little's law: concurrency = arrival rate x mean output
+        tokens x the step time of a one-sequence decode step (`decode_terms`)."""
+        part = [a for a in self.arrivals if segment.start <= a.t_s < segment.end]
+        if not part:
+            return 1
+        step_s = StepCostModel(self.shape.sim).decode_terms(1)[0]
+        rate = len(part) / (segment.end - segment.start)
+        concurrency = rate * (sum(a.osl for a in part) / len(part)) * step_s
+        return 1 << max(0, math.ceil(math.log2(max(1.0, concurrency / LIGHT_BATCH))))
+
     def default_sla(self, interval_s: float) -> Sla:
         """An SLA the static-peak pool meets (see the module doc)."""
         segment = peak_segment(self.arrivals, interval_s)
-        n = 1
+        n = min(MAX_REPLICAS, self.light_pool(segment))
         prev = self.measure(segment, n)
         while n < MAX_REPLICAS:
             n *= 2
