@@ -38,7 +38,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
+from epp.headers import DESTINATION_ENDPOINT
+
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Same chunking as the EPP: stays well under gRPC/HTTP2 frame and message defaults.
 BODY_CHUNK_BYTES = 62_000
@@ -49,7 +50,7 @@ FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 def header_response(destination: str) -> pb.ProcessingResponse:
     """Route to `destination`; overwrite (never append to) a client-supplied header value."""
     option = base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=DESTINATION_HEADER, raw_value=destination.encode()),
+        header=base_pb2.HeaderValue(key=DESTINATION_ENDPOINT, raw_value=destination.encode()),
         append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
     )
     common = pb.CommonResponse(

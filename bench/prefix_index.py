@@ -25,11 +25,13 @@ import subprocess
 import sys
 import time
 
-from epp.datalayer.kvevents import BlockStored
+from epp.composition import install_plugins
+from epp.datalayer.kv_decode import BlockStored
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
+from epp.headers import REQUEST_ID
 from epp.request import new_request, parse_body
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import Handle
 from epp.scheduling.types import CycleState
 
 BLOCKS_PER_ENDPOINT = 31_250
@@ -61,11 +63,11 @@ def prompt(rng: random.Random, tokens: bool = False) -> str:
 
 def request(text: str):
     body = json.dumps({"model": "m", "prompt": text}).encode()
-    return parse_body(new_request({"x-request-id": "r"}, "/v1/completions", "POST"), body)
+    return parse_body(new_request({REQUEST_ID: "r"}, "/v1/completions", "POST"), body)
 
 
 def build(type_name: str, params: dict | None = None):
-    spec = lookup(type_name)
+    spec = install_plugins().lookup(type_name)
     assert spec is not None
     return spec.build("bench", parse_params(spec.params, params), Handle(rng=random.Random(0)))
 
@@ -110,9 +112,7 @@ def approx_latency(n: int, iterations: int, tokenizer: str | None = None) -> dic
     hashes = prod.hashes(req, block)
     prod.index.add("ep-0", hashes[: len(hashes) // 2])  # half the prompt cached on ep-0
     snaps = snapshots(n)
-    state = CycleState()
-    prod.produce(state, req, snaps)
-    info = state.read("approx-prefix-cache-producer")
+    info = prod.produce(CycleState(), req, snaps)
     return {
         "endpoints": n,
         "tokenizer": tokenizer or "none (characters)",
@@ -132,9 +132,7 @@ def precise_latency(n: int, iterations: int) -> dict:
     half = (len(ids) // 32) * 16
     prod.index.apply("ep-0", "m", [BlockStored(list(range(half // 16)), None, ids[:half], 16)])
     snaps = snapshots(n)
-    state = CycleState()
-    prod.produce(state, req, snaps)
-    info = state.read("precise-prefix-cache-producer")
+    info = prod.produce(CycleState(), req, snaps)
     t0 = time.perf_counter()
     for _ in range(50):
         prod.tokenizer.encode(req.prompt_text)

@@ -15,9 +15,11 @@ import random
 import statistics
 import time
 
+from epp.composition import install_plugins
 from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
+from epp.headers import REQUEST_ID
 from epp.request import new_request, parse_body
 from epp.scheduling.registry import Handle
 
@@ -47,7 +49,8 @@ def build(n: int, seed: int = 0) -> Director:
                 update_time=now,
             ),
         )
-    return Director(ds, load_default_config(Handle(rng=random.Random(seed))), random.Random(seed))
+    cfg = load_default_config(Handle(rng=random.Random(seed)), install_plugins())
+    return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(seed))
 
 
 def measure(n: int, requests: int) -> dict[str, float]:
@@ -56,7 +59,7 @@ def measure(n: int, requests: int) -> dict[str, float]:
     samples = []
     gc.collect()
     for _ in range(requests):
-        req = parse_body(new_request({"x-request-id": "r"}, "/v1/completions", "POST"), body)
+        req = parse_body(new_request({REQUEST_ID: "r"}, "/v1/completions", "POST"), body)
         t0 = time.perf_counter()
         decision = director.route(req, None)
         samples.append(time.perf_counter() - t0)

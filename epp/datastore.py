@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 ROLE_LABEL = "llm-d.ai/role"
 
@@ -63,7 +63,11 @@ class EndpointSnapshot:
     endpoint: Endpoint
     metrics: EndpointMetrics
     inflight_requests: int = 0
+    # Prompt tokens of requests still waiting for their first token plus expected output
+    # tokens of requests still generating (see `Datastore.acquire`).
     inflight_tokens: int = 0
+    # The prompt part alone: prefill work not yet done (llm-d's TTFT gate reads only this).
+    inflight_prefill_tokens: int = 0
     healthy: bool = True
     models: frozenset[str] | None = None
 
@@ -85,7 +89,8 @@ class _EndpointState:
     endpoint: Endpoint
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     inflight_requests: int = 0
-    inflight_tokens: int = 0
+    inflight_prefill_tokens: int = 0
+    inflight_decode_tokens: int = 0
     scrape_ok: bool = False
     last_error: str = ""
     models: frozenset[str] | None = None
@@ -135,6 +140,7 @@ class Datastore:
         self.clock = clock
         self.require_metrics = require_metrics
         self._listeners: list[_Listener] = []
+        self._served: frozenset[str] | None = None  # cache of served_models()
 
     # ---- membership -------------------------------------------------------
     def set_endpoints(self, endpoints: Iterable[Endpoint]) -> None:
@@ -148,6 +154,7 @@ class Datastore:
                 new[ep.name] = _EndpointState(endpoint=ep)
         self._states = new
         self._by_hostport = {s.endpoint.hostport: name for name, s in new.items()}
+        self._served = None
         for listener in list(self._listeners):
             listener.notify()
 
@@ -181,6 +188,8 @@ class Datastore:
         s = self._states.get(name)
         if s is None:
             return
+        if metrics.active_models != s.metrics.active_models:
+            self._served = None
         s.metrics = metrics
         s.scrape_ok = True
         s.last_error = ""
@@ -200,10 +209,23 @@ class Datastore:
         if s is not None:
             s.models = frozenset(models)
             s.snap = None
+            self._served = None
 
     def models(self, name: str) -> frozenset[str] | None:
         s = self._states.get(name)
         return s.models if s else None
+
+    def served_models(self) -> frozenset[str]:
+        """Every model name some endpoint reports (/v1/models, or a LoRA adapter running
+        per its metrics): the names that may become metric labels. Cached until one of
+        those sources changes."""
+        if self._served is None:
+            names: set[str] = set()
+            for s in self._states.values():
+                names.update(s.models or ())
+                names.update(s.metrics.active_models)
+            self._served = frozenset(names)
+        return self._served
 
     def metrics(self, name: str) -> EndpointMetrics | None:
         s = self._states.get(name)
@@ -225,23 +247,40 @@ class Datastore:
         return s.scrape_ok and (now - s.metrics.update_time) <= self.staleness
 
     # ---- in-flight accounting (the EPP's own view of load) ----------------
-    def acquire(self, name: str, tokens: int = 0) -> None:
+    # A request holds, from routing until its response ends: one request, its prompt
+    # tokens until its first token arrives (prefill pending), and its expected output
+    # tokens (decode). The ext_proc side reports both moments (epp/extproc/stream.py).
+    def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        """A request was routed to `name`."""
         s = self._states.get(name)
         if s is not None:
             s.inflight_requests += 1
-            s.inflight_tokens += tokens
+            s.inflight_prefill_tokens += prompt_tokens
+            s.inflight_decode_tokens += output_tokens
             s.snap = None
 
-    def release(self, name: str, tokens: int = 0) -> None:
+    def prefill_done(self, name: str, prompt_tokens: int) -> None:
+        """A request on `name` got its first token: its prompt is no longer pending work."""
+        s = self._states.get(name)
+        if s is not None:
+            s.inflight_prefill_tokens = max(0, s.inflight_prefill_tokens - prompt_tokens)
+            s.snap = None
+
+    def release(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        """A request on `name` ended; `prompt_tokens` is what `prefill_done` did not give back."""
         s = self._states.get(name)
         if s is not None:
             s.inflight_requests = max(0, s.inflight_requests - 1)
-            s.inflight_tokens = max(0, s.inflight_tokens - tokens)
+            s.inflight_prefill_tokens = max(0, s.inflight_prefill_tokens - prompt_tokens)
+            s.inflight_decode_tokens = max(0, s.inflight_decode_tokens - output_tokens)
             s.snap = None
 
     def inflight(self, name: str) -> tuple[int, int]:
+        """(requests, tokens) in flight on `name`; tokens = pending prompt + expected output."""
         s = self._states.get(name)
-        return (s.inflight_requests, s.inflight_tokens) if s else (0, 0)
+        if s is None:
+            return (0, 0)
+        return (s.inflight_requests, s.inflight_prefill_tokens + s.inflight_decode_tokens)
 
     # ---- what scheduling sees --------------------------------------------
     def snapshot(self) -> list[EndpointSnapshot]:
@@ -256,7 +295,8 @@ class Datastore:
                     endpoint=s.endpoint,
                     metrics=s.metrics,
                     inflight_requests=s.inflight_requests,
-                    inflight_tokens=s.inflight_tokens,
+                    inflight_tokens=s.inflight_prefill_tokens + s.inflight_decode_tokens,
+                    inflight_prefill_tokens=s.inflight_prefill_tokens,
                     healthy=healthy,
                     models=s.models,
                 )
@@ -268,8 +308,3 @@ class Datastore:
                 )
             out.append(snap)
         return out
-
-
-def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
-    """A copy of `snap` with some metric fields changed (handy in tests and producers)."""
-    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

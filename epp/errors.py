@@ -58,3 +58,13 @@ def too_large(message: str) -> EppError:
 
 def unavailable(message: str) -> EppError:
     return EppError(503, message, "no_endpoint_available")
+
+
+def internal_error(message: str) -> EppError:
+    """A fault in the EPP itself (a plugin raised, returned nonsense): 500 for this one
+    request. The client sees `message`; the cause (with traceback) goes to the EPP log."""
+    return EppError(500, message, "internal_error")
+
+
+def plugin_failed(plugin: object, problem: str) -> EppError:
+    return internal_error(f"endpoint picker plugin {plugin!r} failed: {problem}")

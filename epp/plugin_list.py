@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from epp.scheduling import registry
+from epp.composition import install_plugins
 from epp.scheduling.params import describe
+from epp.scheduling.registry import NOT_YET_IMPLEMENTED, PluginImportError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,11 +15,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def render(type_name: str | None = None) -> str:
+    registry = install_plugins()
     specs = registry.all_specs()
     if type_name:
         spec = registry.lookup(type_name)
         if spec is None:
-            planned = registry.NOT_YET_IMPLEMENTED.get(type_name)
+            planned = NOT_YET_IMPLEMENTED.get(type_name)
             if planned:
                 return f"{type_name}: known upstream plugin, not implemented yet ({planned})"
             return f"{type_name}: unknown plugin type"
@@ -33,5 +36,9 @@ def render(type_name: str | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(render(args.type))
+    try:
+        print(render(args.type))
+    except PluginImportError as e:
+        print(f"epp plugins: {e}", file=sys.stderr)
+        return 2
     return 0

@@ -16,11 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.errors import bad_request
-
-HEADER_REQUEST_ID = "x-request-id"
-HEADER_OBJECTIVE = "x-gateway-inference-objective"
-HEADER_FAIRNESS_ID = "x-gateway-inference-fairness-id"
-HEADER_MODEL_REWRITE = "x-gateway-model-name-rewrite"
+from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
 
 # Upstream's estimate when no tokenizer is configured (GIE approximateprefix, llm-d deciders).
 CHARS_PER_TOKEN = 4
@@ -58,7 +54,6 @@ class InferenceRequest:
     api: str = API_NONE
     headers: Mapping[str, str] = field(default_factory=dict)
     body: dict[str, Any] | None = None
-    raw_body: bytes = b""
     model: str = ""
     target_model: str = ""
     prompt_text: str = ""
@@ -100,12 +95,12 @@ class InferenceRequest:
 def new_request(headers: Mapping[str, str], path: str, method: str) -> InferenceRequest:
     """A request from its headers alone; the body, if any, is added by `parse_body`."""
     return InferenceRequest(
-        request_id=headers.get(HEADER_REQUEST_ID) or str(uuid.uuid4()),
+        request_id=headers.get(REQUEST_ID) or str(uuid.uuid4()),
         path=path,
         method=method,
         headers=headers,
-        objective=headers.get(HEADER_OBJECTIVE) or None,
-        fairness_id=headers.get(HEADER_FAIRNESS_ID) or None,
+        objective=headers.get(OBJECTIVE) or None,
+        fairness_id=headers.get(FAIRNESS_ID) or None,
     )
 
 
@@ -132,11 +127,10 @@ def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
     if not isinstance(model, str) or not model:
         raise bad_request("field 'model' must be a non-empty string")
 
-    req.raw_body = raw
     req.body = body
     req.api = api_for_path(req.path)
     req.model = model
-    req.target_model = req.headers.get(HEADER_MODEL_REWRITE) or model
+    req.target_model = req.headers.get(MODEL_REWRITE) or model
     req.stream = _bool_field(body, "stream")
     req.max_tokens = _max_tokens(body)
     salt = body.get("cache_salt")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.request import InferenceRequest, new_request, parse_body
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 
 
 def snap(
@@ -17,6 +18,7 @@ def snap(
     kv: float = 0.0,
     labels: dict[str, str] | None = None,
     inflight_tokens: int = 0,
+    inflight_prefill_tokens: int = 0,
     port: int | None = None,
     healthy: bool = True,
 ) -> EndpointSnapshot:
@@ -27,6 +29,7 @@ def snap(
             waiting_queue_size=queue, running_requests=running, kv_cache_usage=kv
         ),
         inflight_tokens=inflight_tokens,
+        inflight_prefill_tokens=inflight_prefill_tokens,
         healthy=healthy,
     )
 
@@ -39,10 +42,15 @@ def completion(prompt: str = "hello", model: str = "m", **extra: object) -> Infe
 
 
 def plugin(type_name: str, params: object = None, seed: int = 0, name: str | None = None):
-    spec = lookup(type_name)
+    spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
     from epp.scheduling.params import parse_params
 
     return spec.build(
         name or type_name, parse_params(spec.params, params), Handle(rng=random.Random(seed))
     )
+
+
+def with_metrics(snap: EndpointSnapshot, **changes: object) -> EndpointSnapshot:
+    """A copy of `snap` with some metric fields changed."""
+    return replace(snap, metrics=replace(snap.metrics, **changes))  # type: ignore[arg-type]

@@ -17,7 +17,3 @@ class ConfigError(ValueError):
 
     def in_file(self, source: str) -> ConfigError:
         return ConfigError(self.path, self.message, source)
-
-    def under(self, prefix: str) -> ConfigError:
-        path = f"{prefix}.{self.path}" if self.path else prefix
-        return ConfigError(path, self.message, self.source)

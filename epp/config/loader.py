@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 
 from epp.config.errors import ConfigError
-from epp.scheduling import registry
 from epp.scheduling.interfaces import (
     DataProducer,
     Filter,
@@ -32,7 +31,13 @@ from epp.scheduling.interfaces import (
 )
 from epp.scheduling.params import parse_params
 from epp.scheduling.profile import SchedulerProfile, WeightedScorer
-from epp.scheduling.registry import Handle
+from epp.scheduling.registry import (
+    NOT_YET_IMPLEMENTED,
+    PLUGIN_TYPES,
+    Handle,
+    PluginSpec,
+    Registry,
+)
 from epp.scheduling.scheduler import Scheduler
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1",)
@@ -104,21 +109,28 @@ class LoadedConfig:
         return "\n".join(lines)
 
 
-def load_config_file(path: str | Path, handle: Handle | None = None) -> LoadedConfig:
+def load_config_file(
+    path: str | Path, handle: Handle | None = None, registry: Registry = PLUGIN_TYPES
+) -> LoadedConfig:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror or e}", str(p)) from None
-    return load_config_text(text, str(p), handle)
+    return load_config_text(text, str(p), handle, registry)
 
 
-def load_default_config(handle: Handle | None = None) -> LoadedConfig:
-    return load_config_text(DEFAULT_CONFIG, "<built-in default>", handle)
+def load_default_config(
+    handle: Handle | None = None, registry: Registry = PLUGIN_TYPES
+) -> LoadedConfig:
+    return load_config_text(DEFAULT_CONFIG, "<built-in default>", handle, registry)
 
 
 def load_config_text(
-    text: str, source: str = "<config text>", handle: Handle | None = None
+    text: str,
+    source: str = "<config text>",
+    handle: Handle | None = None,
+    registry: Registry = PLUGIN_TYPES,
 ) -> LoadedConfig:
     try:
         data = yaml.safe_load(text)
@@ -128,9 +140,30 @@ def load_config_text(
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError("", f"invalid YAML{where}: {problem}", source) from None
     try:
-        return build(data, handle or Handle(rng=random.Random()), source)
+        return build(data, handle or Handle(rng=random.Random()), source, registry)
     except ConfigError as e:
         raise e.in_file(source) from None
+
+
+def _unknown_type(type_name: str, registry: Registry) -> str:
+    types = registry.all_types()
+    if not types:
+        return (
+            f"unknown plugin type {type_name!r}: no plugin types are registered (the program "
+            "must call epp.composition.install_plugins() before loading a config)"
+        )
+    return (
+        f"unknown plugin type {type_name!r}.{_did_you_mean(type_name, registry.all_names())} "
+        f"Known types: {', '.join(types)}"
+    )
+
+
+def _builtin(registry: Registry, type_name: str) -> PluginSpec:
+    """A plugin type the loader's upstream defaults name (a picker, a profile handler)."""
+    spec = registry.lookup(type_name)
+    if spec is None:
+        raise ConfigError("plugins", _unknown_type(type_name, registry))
+    return spec
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
@@ -138,7 +171,11 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
-def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
+def build(
+    data: Any, handle: Handle, source: str = "", registry: Registry = PLUGIN_TYPES
+) -> LoadedConfig:
+    """Build a config whose plugin types come from `registry` (filled by the composition
+    root, `epp.composition.install_plugins`)."""
     if not isinstance(data, Mapping):
         raise ConfigError("", f"the config must be a YAML mapping ({KIND}), got {data!r}")
     for key in data:
@@ -158,8 +195,10 @@ def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
     if data.get("flowControl") is not None:
         raise ConfigError("flowControl", FEATURE_GATES["flowControl"] or "")
 
-    plugins = _instantiate_plugins(data.get("plugins"), handle)
-    _create_missing_producers(plugins, handle)
+    plugins = _instantiate_plugins(data.get("plugins"), handle, registry)
+    configured = len(plugins)
+    created_for = _create_missing_producers(plugins, handle, registry)
+    _check_producer_keys(plugins, configured, created_for)
     handle.plugins.update(plugins)
     for ref_field in ("saturationDetector", "parser"):
         section = data.get(ref_field)
@@ -167,8 +206,8 @@ def build(data: Any, handle: Handle, source: str = "") -> LoadedConfig:
             _check_ref_section(section, ref_field, plugins)
     _check_data_layer(data.get("dataLayer"), plugins)
 
-    profiles = _build_profiles(data.get("schedulingProfiles"), plugins, handle)
-    handler = _profile_handler(plugins, profiles, handle)
+    profiles = _build_profiles(data.get("schedulingProfiles"), plugins, handle, registry)
+    handler = _profile_handler(plugins, profiles, handle, registry)
     producers = [p for p in plugins.values() if isinstance(p, DataProducer)]
     return LoadedConfig(
         scheduler=Scheduler(handler, profiles, producers),
@@ -195,7 +234,7 @@ def _check_feature_gates(gates: Any) -> None:
             raise ConfigError(f"featureGates[{i}]", f"{gate}: {FEATURE_GATES[gate]}")
 
 
-def _instantiate_plugins(specs: Any, handle: Handle) -> dict[str, Plugin]:
+def _instantiate_plugins(specs: Any, handle: Handle, registry: Registry) -> dict[str, Plugin]:
     if specs is None:
         return {}
     if not isinstance(specs, list):
@@ -224,20 +263,14 @@ def _instantiate_plugins(specs: Any, handle: Handle) -> dict[str, Plugin]:
             )
         plugin_spec = registry.lookup(type_name)
         if plugin_spec is None:
-            planned = registry.NOT_YET_IMPLEMENTED.get(type_name)
+            planned = NOT_YET_IMPLEMENTED.get(type_name)
             if planned:
                 raise ConfigError(
                     f"{path}.type",
                     f"plugin type {type_name!r} is an upstream plugin that epp does not "
                     f"implement yet (planned with {planned}); remove it from the config",
                 )
-            types = registry.all_types()
-            raise ConfigError(
-                f"{path}.type",
-                f"unknown plugin type {type_name!r}."
-                f"{_did_you_mean(type_name, registry.all_names())} "
-                f"Known types: {', '.join(types)}",
-            )
+            raise ConfigError(f"{path}.type", _unknown_type(type_name, registry))
         params = parse_params(plugin_spec.params, spec.get("parameters"), f"{path}.parameters")
         try:
             out[name] = plugin_spec.build(name, params, handle)
@@ -246,7 +279,9 @@ def _instantiate_plugins(specs: Any, handle: Handle) -> dict[str, Plugin]:
     return out
 
 
-def _create_missing_producers(plugins: dict[str, Plugin], handle: Handle) -> None:
+def _create_missing_producers(
+    plugins: dict[str, Plugin], handle: Handle, registry: Registry
+) -> dict[str, Plugin]:
     """A consumer configured without its producer gets one, with the consumer's parameters.
 
     Upstream does the same (configs written before producers existed put the prefix
@@ -255,8 +290,9 @@ def _create_missing_producers(plugins: dict[str, Plugin], handle: Handle) -> Non
     consumer would configure nothing, so they must equal the producer's or be absent.
     """
     index = {name: i for i, name in enumerate(plugins)}
+    created_for: dict[str, Plugin] = {}
     for consumer in list(plugins.values()):
-        wanted = consumer.producer_type
+        wanted = getattr(consumer, "producer_type", None)
         if not wanted:
             continue
         spec = registry.lookup(wanted)
@@ -277,6 +313,41 @@ def _create_missing_producers(plugins: dict[str, Plugin], handle: Handle) -> Non
             continue
         name = spec.type_name if spec.type_name not in plugins else f"{spec.type_name}-auto"
         plugins[name] = spec.build(name, params if given else spec.params(), handle)
+        created_for[name] = consumer
+    return created_for
+
+
+def _check_producer_keys(
+    plugins: dict[str, Plugin], configured: int, created_for: dict[str, Plugin]
+) -> None:
+    """Each producer declares the one CycleState key it writes; two writing one key would
+    silently overwrite each other, so that is refused here, at start."""
+    writers: dict[str, Plugin] = {}
+    for i, plugin in enumerate(plugins.values()):
+        if not callable(getattr(plugin, "produce", None)):
+            continue
+        path = f"plugins[{i}]" if i < configured else "plugins"
+        key = getattr(plugin, "produces", None)
+        if not isinstance(key, str) or not key:
+            raise ConfigError(
+                path,
+                f"data producer {plugin!r} declares no `produces` key (the CycleState key "
+                "its result is written under); set the class attribute `produces`",
+            )
+        first = writers.setdefault(key, plugin)
+        if first is not plugin:
+            raise ConfigError(
+                path,
+                f"{_producer_label(plugin, created_for)} and "
+                f"{_producer_label(first, created_for)} both produce {key!r}; a scheduling "
+                "cycle holds one value per key, so one would silently replace the other. "
+                "Keep one producer of that key (and the consumers that need that producer)",
+            )
+
+
+def _producer_label(plugin: Plugin, created_for: dict[str, Plugin]) -> str:
+    consumer = created_for.get(plugin.name)
+    return f"{plugin!r} (created for {consumer!r})" if consumer is not None else repr(plugin)
 
 
 def _check_ref_section(section: Any, path: str, plugins: dict[str, Plugin]) -> None:
@@ -319,7 +390,7 @@ def _resolve_ref(ref: Any, path: str, plugins: dict[str, Plugin]) -> Plugin:
 
 
 def _build_profiles(
-    specs: Any, plugins: dict[str, Plugin], handle: Handle
+    specs: Any, plugins: dict[str, Plugin], handle: Handle, registry: Registry
 ) -> dict[str, SchedulerProfile]:
     if specs is None or specs == []:
         # Upstream default: one profile holding every filter, scorer and picker defined.
@@ -344,7 +415,7 @@ def _build_profiles(
             raise ConfigError(f"{path}.name", "is required and must be a non-empty string")
         if name in profiles:
             raise ConfigError(f"{path}.name", f"duplicate profile name {name!r}")
-        profiles[name] = _build_profile(name, spec.get("plugins"), path, plugins, handle)
+        profiles[name] = _build_profile(name, spec.get("plugins"), path, plugins, handle, registry)
     return profiles
 
 
@@ -359,7 +430,12 @@ def _slot(plugin: Plugin) -> str | None:
 
 
 def _build_profile(
-    name: str, refs: Any, path: str, plugins: dict[str, Plugin], handle: Handle
+    name: str,
+    refs: Any,
+    path: str,
+    plugins: dict[str, Plugin],
+    handle: Handle,
+    registry: Registry,
 ) -> SchedulerProfile:
     if not isinstance(refs, list):
         raise ConfigError(f"{path}.plugins", "must be a list of {pluginRef, weight?}")
@@ -400,15 +476,17 @@ def _build_profile(
     if picker is None:
         picker = next((p for p in plugins.values() if isinstance(p, Picker)), None)
         if picker is None:
-            spec = registry.lookup("max-score-picker")
-            assert spec is not None
+            spec = _builtin(registry, "max-score-picker")
             picker = spec.build("max-score-picker", spec.params(), handle)  # type: ignore[assignment]
             plugins.setdefault("max-score-picker", picker)  # type: ignore[arg-type]
     return SchedulerProfile(name, filters, scorers, picker)  # type: ignore[arg-type]
 
 
 def _profile_handler(
-    plugins: dict[str, Plugin], profiles: dict[str, SchedulerProfile], handle: Handle
+    plugins: dict[str, Plugin],
+    profiles: dict[str, SchedulerProfile],
+    handle: Handle,
+    registry: Registry,
 ) -> ProfileHandler:
     handlers = [p for p in plugins.values() if isinstance(p, ProfileHandler)]
     if len(handlers) > 1:
@@ -427,8 +505,7 @@ def _profile_handler(
                 f"{len(profiles)} scheduling profiles need a profile handler that runs several "
                 "(e.g. disagg-profile-handler); single-profile-handler runs exactly one",
             )
-        spec = registry.lookup("single-profile-handler")
-        assert spec is not None
+        spec = _builtin(registry, "single-profile-handler")
         handler = spec.build("single-profile-handler", spec.params(), handle)  # type: ignore[assignment]
         plugins["single-profile-handler"] = handler  # type: ignore[assignment]
     if getattr(handler, "type_name", "") == "single-profile-handler" and len(profiles) != 1:

@@ -14,14 +14,16 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from epp.errors import EppError
+from epp.headers import (
+    DESTINATION_ENDPOINT,
+    DESTINATION_SUBSET,
+    LB_METADATA_NAMESPACE,
+    PREFILLER_HOST_PORT,
+    SUBSET_HINT_NAMESPACE,
+)
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-PREFILL_HEADER = "x-prefiller-host-port"
-METADATA_NAMESPACE = "envoy.lb"
-SUBSET_NAMESPACE = "envoy.lb.subset_hint"
-SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 # Routing headers a client must never choose: removed from every request.
-CLIENT_FORBIDDEN_HEADERS = (DESTINATION_HEADER, PREFILL_HEADER)
+CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
 # Envoy rejects larger streamed body mutations; upstream chunks at this size.
 MAX_STREAMED_CHUNK = 62_000
 
@@ -45,9 +47,9 @@ def header_mutation(
 
 def destination_metadata(destinations: list[str]) -> struct_pb2.Struct:
     md = struct_pb2.Struct()
-    md.fields[METADATA_NAMESPACE].struct_value.fields[DESTINATION_HEADER].string_value = ",".join(
-        destinations
-    )
+    md.fields[LB_METADATA_NAMESPACE].struct_value.fields[
+        DESTINATION_ENDPOINT
+    ].string_value = ",".join(destinations)
     return md
 
 
@@ -133,9 +135,17 @@ def response_headers_passthrough() -> pb.ProcessingResponse:
 
 
 def response_body_passthrough(body: pb.HttpBody, streamed: bool) -> list[pb.ProcessingResponse]:
-    if streamed:
+    """The same bytes back (FULL_DUPLEX_STREAMED: Envoy forwards only what we return);
+    an empty answer in the other modes, where Envoy keeps the chunk it sent."""
+    if not streamed:
+        return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+    if len(body.body) > MAX_STREAMED_CHUNK:
         return streamed_body_responses(body.body, body.end_of_stream, request=False)
-    return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+    resp = pb.ProcessingResponse()  # one chunk, the common case: built in place
+    out = resp.response_body.response.body_mutation.streamed_response
+    out.body = body.body
+    out.end_of_stream = body.end_of_stream
+    return [resp]
 
 
 def response_trailers_passthrough() -> pb.ProcessingResponse:
@@ -154,12 +164,12 @@ def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
 def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
     """The gateway's candidate subset, if it sent one (present but empty means none)."""
     fm = request.metadata_context.filter_metadata
-    if SUBSET_NAMESPACE not in fm:
+    if SUBSET_HINT_NAMESPACE not in fm:
         return None
-    ns = fm[SUBSET_NAMESPACE]
-    if SUBSET_KEY not in ns.fields:
+    ns = fm[SUBSET_HINT_NAMESPACE]
+    if DESTINATION_SUBSET not in ns.fields:
         return None
-    value = ns.fields[SUBSET_KEY]
+    value = ns.fields[DESTINATION_SUBSET]
     if value.HasField("list_value"):
         return [v.string_value for v in value.list_value.values if v.string_value]
     if value.HasField("string_value"):

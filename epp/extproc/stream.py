@@ -1,7 +1,10 @@
 """One ext_proc stream (= one HTTP request) as an explicit state machine.
 
 `handle(message) -> responses` is synchronous and pure apart from the director's
-accounting, so tests drive it with exact protobufs and compare exact protobufs.
+accounting, so tests drive it with exact protobufs and compare exact protobufs. The
+gRPC servicer calls `handle_async`, the same but for one thing: a body larger than
+PARSE_OFF_LOOP_BYTES is parsed in a worker thread, so one huge request does not stall
+every other stream on the event loop for the whole parse.
 
 Body modes differ in what Envoy waits for:
 - FULL_DUPLEX_STREAMED (what gateways use): Envoy streams headers and body chunks
@@ -14,22 +17,48 @@ Body modes differ in what Envoy waits for:
   destination travels as a header mutation on the body response.
 - STREAMED: like BUFFERED, but one response per chunk; held until the last chunk so
   the destination is known, the first carrying the header mutation.
+
+The response (when Envoy sends it: response headers SEND, body FULL_DUPLEX_STREAMED,
+trailers SEND) passes through unchanged: headers answered at once, every body chunk
+answered with a `streamed_response` of the same bytes (in FULL_DUPLEX_STREAMED Envoy
+forwards only what the processor sends back). On the way the `ResponseMeter` notes the
+first token (the request's prompt stops counting as in-flight prefill) and the end
+(last body chunk, trailers, or headers with end_of_stream), where the in-flight counts
+are given back and the observer gets the request's record. A stream that ends before
+its response did (client gone, upstream reset) gives them back in `close()`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+import time
+from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.completion import ResponseObserver, build_record
 from epp.director import Director, RoutingDecision
-from epp.errors import EppError, too_large
+from epp.errors import EppError, internal_error, too_large
 from epp.extproc import messages as m
-from epp.request import HEADER_REQUEST_ID, InferenceRequest, new_request, parse_body
+from epp.extproc.refusals import RefusalLog
+from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
+from epp.request import InferenceRequest, new_request, parse_body
+from epp.response import ResponseMeter
 
 log = logging.getLogger("epp.extproc")
+
+# Above this many body bytes the JSON parse (and the re-serialisation a model rewrite
+# needs) runs in a worker thread. Measured with bench/parse_offload.py (docs/BENCHMARKS.md):
+# below it the parse costs the loop a few ms at most, less than the hand-off; from 1 MiB
+# the thread cuts the loop's longest stall 3x. json.loads itself holds the GIL, so a huge
+# body still stalls the loop for that one call: the body-size limit bounds it.
+PARSE_OFF_LOOP_BYTES = 256 * 1024
+
+# The process's log of refusals (rate-limited per status); tests pass their own.
+REFUSALS = RefusalLog(log)
 
 _MODES = processing_mode_pb2.ProcessingMode
 FULL_DUPLEX = _MODES.FULL_DUPLEX_STREAMED
@@ -41,13 +70,28 @@ class Phase(enum.Enum):
     AWAIT_HEADERS = "await_headers"
     GATHER_BODY = "gather_body"
     ROUTED = "routed"
+    RESPONDING = "responding"  # response headers seen, body streaming
+    DONE = "done"  # the response ended; in-flight given back
     REJECTED = "rejected"
 
 
 class RequestStream:
-    def __init__(self, director: Director, max_body_bytes: int) -> None:
+    """`observer` None switches the response measurement off (`--response-path off`):
+    response phases, if Envoy sends them, still pass through and end the in-flight hold."""
+
+    def __init__(
+        self,
+        director: Director,
+        max_body_bytes: int,
+        observer: ResponseObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        refusals: RefusalLog = REFUSALS,
+    ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.observer = observer
+        self.clock = clock
+        self.refusals = refusals
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = _MODES.NONE
@@ -57,7 +101,12 @@ class RequestStream:
         self._chunks: list[bytes] = []
         self._size = 0
         self._generated_id = False
-        self._awaiting_trailers = False
+        self.routed_at = 0.0
+        self.status = 0
+        self.meter: ResponseMeter | None = None
+        # (raw body, parse outcome) when handle_async parsed the body in a worker thread
+        self._preparsed: tuple[bytes, tuple[InferenceRequest, bytes | None] | Exception] | None
+        self._preparsed = None
 
     # ---- entry points -----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -75,21 +124,111 @@ class RequestStream:
             if kind == "request_trailers":
                 return self._on_request_trailers()
             if kind == "response_headers":
-                return [m.response_headers_passthrough()]
+                return self._on_response_headers(msg.response_headers)
             if kind == "response_body":
-                streamed = self.response_body_mode == FULL_DUPLEX
-                return m.response_body_passthrough(msg.response_body, streamed)
+                return self._on_response_body(msg.response_body)
             if kind == "response_trailers":
+                self._end_response(complete=True)
                 return [m.response_trailers_passthrough()]
         except EppError as e:
             return self._reject(e)
+        except Exception as e:  # a bug must cost this request a 500, not the whole stream
+            error = internal_error(f"unexpected {type(e).__name__} in the endpoint picker")
+            error.__cause__ = e
+            return self._reject(error)
         log.warning("ignoring ext_proc message of unknown kind %r", kind)
         return []
 
+    async def handle_async(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        """`handle`, with a large body parsed in a worker thread."""
+        raw = self._large_final_body(msg)
+        if raw is not None:
+            assert self.request is not None
+            try:
+                outcome: tuple[InferenceRequest, bytes | None] | Exception
+                outcome = await asyncio.to_thread(_parse, self.request, raw)
+            except Exception as e:  # raised again by _complete, on the usual error path
+                outcome = e
+            self._preparsed = (raw, outcome)
+        return self.handle(msg)
+
+    def _large_final_body(self, msg: pb.ProcessingRequest) -> bytes | None:
+        """The whole body if `msg` completes one of PARSE_OFF_LOOP_BYTES..max_body_bytes."""
+        if self.phase is not Phase.GATHER_BODY:
+            return None
+        kind = msg.WhichOneof("request")
+        if kind == "request_body" and msg.request_body.end_of_stream:
+            parts = [*self._chunks, msg.request_body.body]
+        elif kind == "request_trailers":
+            parts = self._chunks
+        else:
+            return None
+        size = sum(map(len, parts))
+        if not PARSE_OFF_LOOP_BYTES < size <= self.max_body_bytes:
+            return None
+        return b"".join(parts)
+
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
-        if self.decision is not None:
-            self.director.release(self.decision)
+        if self.decision is not None and self.phase is not Phase.DONE:
+            self._end_response(complete=False)
+
+    # ---- response phases --------------------------------------------------
+    def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        self.phase = Phase.RESPONDING
+        if self.observer is not None and self.decision is not None:
+            h = m.header_map(headers)
+            status = h.get(":status", "")
+            self.status = int(status) if status.isdigit() else 0
+            streamed = h.get("content-type", "").startswith("text/event-stream")
+            self.meter = ResponseMeter(streamed)
+        if headers.end_of_stream:
+            self._end_response(complete=True)
+        return [m.response_headers_passthrough()]
+
+    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        meter, decision = self.meter, self.decision
+        if meter is not None and decision is not None:
+            try:
+                if meter.feed(body.body, self.clock()):
+                    self.director.first_token(decision)
+            except Exception:
+                self._measurement_failed()
+        out = m.response_body_passthrough(body, self.response_body_mode == FULL_DUPLEX)
+        if body.end_of_stream:
+            self._end_response(complete=True)
+        return out
+
+    def _end_response(self, complete: bool) -> None:
+        """Exactly once per stream: in-flight given back, the record to the observer."""
+        if self.phase is Phase.DONE:
+            return
+        self.phase = Phase.DONE
+        decision, request = self.decision, self.request
+        if decision is None:
+            return
+        now = self.clock()
+        try:
+            if self.meter is not None and self.meter.finish(now):
+                self.director.first_token(decision)
+        except Exception:
+            self._measurement_failed()
+        self.director.release(decision)
+        if self.observer is None or request is None or decision.result is None:
+            return
+        # No meter on a complete response = its measurement failed: no record.
+        if self.meter is not None or not complete:
+            record = build_record(
+                request, decision, self.meter, self.status, self.routed_at, now, complete
+            )
+            self.observer.finished(request, decision, record)
+
+    def _measurement_failed(self) -> None:
+        """A bug in measuring must not cost the response: the rest passes through
+        unmeasured and no record is made (a half-measured one would mislead)."""
+        rid = self.request.request_id if self.request else "-"
+        log.exception("measuring the response of request %s failed; passing it through", rid)
+        self.meter = None
 
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -97,11 +236,12 @@ class RequestStream:
             raise EppError(400, "request headers received twice on one stream")
         headers = m.header_map(msg.request_headers)
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
-        self._generated_id = HEADER_REQUEST_ID not in headers or not headers[HEADER_REQUEST_ID]
+        self._generated_id = REQUEST_ID not in headers or not headers[REQUEST_ID]
         self.request = req
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
+            self.routed_at = self.clock()
             self.phase = Phase.ROUTED
             return [
                 m.headers_response(
@@ -138,13 +278,21 @@ class RequestStream:
 
     def _complete(self, trailers: bool) -> list[pb.ProcessingResponse]:
         assert self.request is not None
-        raw = b"".join(self._chunks)
         n_chunks = len(self._chunks)
-        self._chunks = []
-        req = parse_body(self.request, raw)
+        preparsed, self._preparsed = self._preparsed, None
+        if preparsed is None:
+            raw = b"".join(self._chunks)
+            self._chunks = []
+            req, new_body = _parse(self.request, raw)
+        else:
+            raw, outcome = preparsed
+            self._chunks = []
+            if isinstance(outcome, Exception):
+                raise outcome
+            req, new_body = outcome
         self.decision = self.director.route(req, self.subset)
+        self.routed_at = self.clock()
         self.phase = Phase.ROUTED
-        new_body = req.body_for_upstream()
         body = new_body if new_body is not None else raw
         mutation = m.header_mutation(self._routing_headers(body), self._removals())
         metadata = m.destination_metadata(self.decision.destinations)
@@ -169,10 +317,10 @@ class RequestStream:
     # ---- helpers ----------------------------------------------------------
     def _routing_headers(self, body: bytes | None) -> dict[str, str]:
         assert self.decision is not None and self.request is not None
-        out = {m.DESTINATION_HEADER: self.decision.destinations[0]}
+        out = {DESTINATION_ENDPOINT: self.decision.destinations[0]}
         out.update(self.decision.headers)
         if self._generated_id:
-            out[HEADER_REQUEST_ID] = self.request.request_id
+            out[REQUEST_ID] = self.request.request_id
         if body is not None:
             out["content-length"] = str(len(body))
         return out
@@ -183,12 +331,17 @@ class RequestStream:
         return [
             h
             for h in m.CLIENT_FORBIDDEN_HEADERS
-            if h != m.DESTINATION_HEADER and h not in self.decision.headers
+            if h != DESTINATION_ENDPOINT and h not in self.decision.headers
         ]
 
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
         self.phase = Phase.REJECTED
         self._chunks = []
-        rid = self.request.request_id if self.request else "-"
-        log.info("request %s refused: %s", rid, error)
+        self.refusals.record(self.request.request_id if self.request else "-", error)
         return [m.immediate_response(error)]
+
+
+def _parse(request: InferenceRequest, raw: bytes) -> tuple[InferenceRequest, bytes | None]:
+    """The request parsed from `raw`, and the body to forward if the model changes."""
+    req = parse_body(request, raw)
+    return req, req.body_for_upstream()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from epp.harness.localstack import LocalStack, PDLayout
+from epp.headers import SIM_SERVER
 
 # Model time per token on the simulators (milliseconds). sim-3 decodes 3× slower.
 SIM_ARGS = ["--max-num-seqs", "4", "--decode-ms-per-token", "6", "--prefill-ms-per-token", "0.05"]
@@ -96,7 +97,7 @@ async def _one(session: aiohttp.ClientSession, url: str, path: str, body: dict) 
     t0 = time.perf_counter()
     try:
         async with session.post(url + path, data=json.dumps(body)) as r:
-            server = r.headers.get("x-sim-server")
+            server = r.headers.get(SIM_SERVER)
             ttft = None
             if body.get("stream") and r.status == 200:
                 async for line in r.content:

@@ -8,13 +8,14 @@ endpoint, in the order given, each in [0, 1]; the profile clamps, weights and su
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from epp.datastore import EndpointSnapshot
 from epp.request import InferenceRequest
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult, ScoredEndpoint
 
 if TYPE_CHECKING:
+    from epp.planner.window import RequestRecord
     from epp.scheduling.profile import SchedulerProfile
 
 
@@ -39,16 +40,20 @@ class Plugin:
 class DataProducer(Protocol):
     """Computes per-request data before any profile runs (e.g. prefix matches per endpoint).
 
-    It writes its result into the CycleState under its own `type_name`; consumers (scorers,
-    filters, deciders) read it from there. Producers run once per request, in config order.
+    `produce` returns its result and the scheduler writes it, once, into the CycleState
+    under the key the class declares in `produces`; consumers (scorers, filters,
+    deciders) read that key. The config loader refuses two producers of the same key (the
+    second would silently replace the first). Producers run once per request, in config
+    order; `state` holds the results of the producers before this one.
     """
 
     name: str
     type_name: str
+    produces: ClassVar[str]
 
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
-    ) -> None: ...
+    ) -> Any: ...
 
 
 @runtime_checkable
@@ -126,9 +131,13 @@ class Lifecycle(Protocol):
 
 @runtime_checkable
 class PostResponse(Protocol):
+    """Called once per routed request when its response ended (or the stream did):
+    `response` is what the response path measured (status, TTFT, ITL, usage),
+    `endpoint` the primary pick as routing saw it. Needs `epp serve --response-path on`."""
+
     name: str
     type_name: str
 
     def post_response(
-        self, request: InferenceRequest, response: object, endpoint: EndpointSnapshot
+        self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
     ) -> None: ...

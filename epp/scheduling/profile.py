@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
+from epp.errors import EppError, plugin_failed
 from epp.observability import PLUGIN_DURATION
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Filter, Picker, Scorer
@@ -46,25 +47,40 @@ class SchedulerProfile:
     def run(
         self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]
     ) -> ProfileResult | None:
-        endpoints = candidates
-        for f, timer in zip(self.filters, self._filter_timers, strict=True):
+        """Raises EppError(500) naming the plugin if one raises or breaks its contract."""
+        current: object = None  # the plugin running, to name it if it raises
+        try:
+            endpoints = candidates
+            for f, timer in zip(self.filters, self._filter_timers, strict=True):
+                current = f
+                t0 = _perf()
+                endpoints = f.filter(state, request, endpoints)
+                timer.observe(_perf() - t0)
+                if not endpoints:
+                    return None
+            n = len(endpoints)
+            totals = [0.0] * n
+            for ws, timer in zip(self.scorers, self._scorer_timers, strict=True):
+                current = ws.scorer
+                t0 = _perf()
+                scores = ws.scorer.score(state, request, endpoints)
+                timer.observe(_perf() - t0)
+                if len(scores) != n:
+                    raise plugin_failed(
+                        ws.scorer, f"returned {len(scores)} scores for {n} endpoints"
+                    )
+                w = ws.weight
+                for i, s in enumerate(scores):
+                    totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
+            scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+            current = self.picker
             t0 = _perf()
-            endpoints = f.filter(state, request, endpoints)
-            timer.observe(_perf() - t0)
-            if not endpoints:
-                return None
-        totals = [0.0] * len(endpoints)
-        for ws, timer in zip(self.scorers, self._scorer_timers, strict=True):
-            t0 = _perf()
-            scores = ws.scorer.score(state, request, endpoints)
-            timer.observe(_perf() - t0)
-            w = ws.weight
-            for i, s in enumerate(scores):
-                totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
-        scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
-        t0 = _perf()
-        result = self.picker.pick(state, request, scored)
-        self._picker_timer.observe(_perf() - t0)
+            result = self.picker.pick(state, request, scored)
+            self._picker_timer.observe(_perf() - t0)
+        except EppError:
+            raise
+        except Exception as e:
+            raise plugin_failed(current, type(e).__name__) from e
         return result if result.targets else None
 
     def describe(self) -> str:

@@ -19,8 +19,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-PREFILLER_HEADER = "x-prefiller-host-port"
-REQUEST_ID_HEADER = "x-request-id"
+from epp.headers import PREFILLER_HOST_PORT
 
 # Paths on which a remote prefill is run (llm-d: chat, completions, responses).
 PD_APIS = {
@@ -44,7 +43,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", PREFILLER_HEADER}
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", PREFILLER_HOST_PORT}
 
 
 def pd_api(method: str, path: str) -> str | None:

@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from epp.errors import EppError
+from epp.headers import PREFILLER_HOST_PORT, REQUEST_ID
 from epp.sidecar import protocol as p
 from epp.sidecar.allowlist import Allowlist
 from epp.sidecar.metrics import SidecarMetrics
@@ -134,7 +135,7 @@ class Sidecar:
         body = await request.read()
         label = p.path_label(request.path)
         api = p.pd_api(request.method, request.path)
-        target = p.first_prefiller(request.headers.get(p.PREFILLER_HEADER))
+        target = p.first_prefiller(request.headers.get(PREFILLER_HOST_PORT))
         headers = p.upstream_headers(request.headers.items())
         if api is None or target is None:
             return await self._decode(request, body, headers, label, "forwarded")
@@ -143,7 +144,7 @@ class Sidecar:
             log.warning("refused prefill server %s: not in the allowlist", target)
             return _error(
                 403,
-                f"prefill server {target!r} (header {p.PREFILLER_HEADER}) is not in this "
+                f"prefill server {target!r} (header {PREFILLER_HOST_PORT}) is not in this "
                 f"sidecar's allowlist (--allow / --allow-from-endpoints: "
                 f"{self.allowlist.describe()})",
                 "prefiller_not_allowed",
@@ -166,9 +167,9 @@ class Sidecar:
         target: str,
         label: str,
     ) -> web.StreamResponse:
-        rid = request.headers.get(p.REQUEST_ID_HEADER) or str(uuid.uuid4())
-        headers = [(k, v) for k, v in headers if k.lower() != p.REQUEST_ID_HEADER]
-        headers.append((p.REQUEST_ID_HEADER, rid))
+        rid = request.headers.get(REQUEST_ID) or str(uuid.uuid4())
+        headers = [(k, v) for k, v in headers if k.lower() != REQUEST_ID]
+        headers.append((REQUEST_ID, rid))
         result = await self._prefill(target, request.path_qs, p.prefill_body(body, api), headers)
         if isinstance(result, _Rejected):
             self.metrics.count(label, "prefill_rejected")

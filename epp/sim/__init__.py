@@ -18,7 +18,8 @@ Modules, one job each:
 - `engine`: the async step loop in model time (`clock`).
 - `lora`, `pd`, `kv_events`, `chat`, `tokenizer`: adapters, P/D legs, the ZMQ
   publisher, chat rendering and tokens (shared with the EPP).
-- `openai`, `metrics`, `server`, `cluster`, `cli`: the vLLM-shaped surface.
+- `openai`, `metrics`, `server`, `cluster`, `cli`: the vLLM-shaped surface; the server's
+  routes by family in `openai_routes`, `admin_routes` and `probe_routes`.
 - `loadgen`: measures what N replicas under Poisson load cost (CPU, RSS).
 
 Use `epp sim` from the shell (`epp sim --replicas 3 --port 0` prints one
@@ -37,11 +38,10 @@ answered 500), `metrics` (false: /metrics never answers), `healthy` (false: /hea
 from epp.sim.cluster import SimCluster
 from epp.sim.config import Faults, KVEventsConfig, SimConfig
 from epp.sim.presets import config_for
-from epp.sim.server import SERVER_HEADER, SimServer
+from epp.sim.server import SimServer
 from epp.sim.tokenizer import count_tokens
 
 __all__ = [
-    "SERVER_HEADER",
     "Faults",
     "KVEventsConfig",
     "SimCluster",

@@ -11,13 +11,16 @@ import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from epp.sim import pd
 from epp.sim.chat import ChatError, Renderer, render_default
 from epp.sim.config import SimConfig
 from epp.sim.tokenizer import shared_tokenizer
 from epp.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 Kind = Literal["completion", "chat"]
 
@@ -291,3 +294,11 @@ def models_body(config: SimConfig, adapters: dict[str, str] | None = None) -> di
         for name, root, parent in entries
     ]
     return {"object": "list", "data": data}
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body; a 400 ApiError if it is not JSON."""
+    try:
+        return json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"Invalid JSON body: {e}") from None

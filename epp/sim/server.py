@@ -1,8 +1,9 @@
 """One simulated vLLM server: an aiohttp app in front of an `Engine`.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, GET /kv_event_sources,
-POST /reset_prefix_cache, GET /health, GET /metrics, GET|POST /admin. Every response
+Routes, by family: `openai_routes` (POST /v1/completions, POST /v1/chat/completions,
+GET /v1/models), `admin_routes` (POST /v1/load_lora_adapter, /v1/unload_lora_adapter,
+GET /kv_event_sources, POST /reset_prefix_cache, GET|POST /admin) and `probe_routes`
+(GET /health, GET /metrics); this module holds the server's state and lifecycle. Every response
 carries `x-sim-server: <name>` so a test behind a proxy can tell which replica answered
 without the body leaving OpenAI's shape.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import uuid
@@ -20,35 +20,25 @@ from typing import Any
 
 from aiohttp import web
 
-from epp.sim import pd
+from epp.headers import SIM_SERVER
+from epp.sim.admin_routes import AdminRoutes
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
 from epp.sim.config import Faults, SimConfig
 from epp.sim.engine import Engine, EngineSnapshot
 from epp.sim.kv_events import KVEventPublisher, format_topic, replica_endpoint
 from epp.sim.kvcache import KVEvent
-from epp.sim.lora import LoraError, LoraRegistry
-from epp.sim.metrics import CONTENT_TYPE, SimMetrics
+from epp.sim.lora import LoraRegistry
+from epp.sim.metrics import SimMetrics
 from epp.sim.openai import (
     ApiError,
-    InferenceRequest,
-    Kind,
-    ResponseBuilder,
-    error_body,
-    models_body,
-    parse,
-    usage,
 )
-from epp.sim.sequence import Channel, SimRequest, State
-from epp.sim.tokenizer import filler_ids, filler_text, filler_token, shared_tokenizer
+from epp.sim.openai_routes import OpenAIRoutes
+from epp.sim.probe_routes import POLL_SECONDS, ProbeRoutes
+from epp.sim.sequence import Channel
+from epp.sim.tokenizer import filler_ids, shared_tokenizer
 
 log = logging.getLogger("epp.sim")
-
-SERVER_HEADER = "x-sim-server"
-
-# How often (real seconds) the server checks whether waiting clients have gone, and a
-# hung /metrics whether it may answer after all.
-_POLL = 0.05
 
 
 @dataclass
@@ -111,11 +101,11 @@ class SimServer:
             publish=self._publish if events is not None and events.enabled else None,
         )
         # String seeds hash deterministically: replicas differ, runs repeat.
-        self._rng = random.Random(f"{self.config.seed}:{name}")
+        self.rng = random.Random(f"{self.config.seed}:{name}")
         self._runner: web.AppRunner | None = None
         self._reaper: asyncio.Task[None] | None = None
-        self._inflight: dict[Channel, web.Request] = {}
-        self._stopping = False
+        self.inflight: dict[Channel, web.Request] = {}
+        self.stopping = False
 
     @property
     def url(self) -> str:
@@ -150,17 +140,8 @@ class SimServer:
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024**2)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/load_lora_adapter", self._load_lora)
-        app.router.add_post("/v1/unload_lora_adapter", self._unload_lora)
-        app.router.add_get("/kv_event_sources", self._kv_event_sources)
-        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/admin", self._admin_get)
-        app.router.add_post("/admin", self._admin_post)
+        for routes in (OpenAIRoutes(self), AdminRoutes(self), ProbeRoutes(self)):
+            routes.register(app.router)
         app.on_response_prepare.append(self._tag_response)
         return app
 
@@ -185,7 +166,7 @@ class SimServer:
         self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="sim-reaper")
 
     async def stop(self) -> None:
-        self._stopping = True
+        self.stopping = True
         await self.engine.stop()
         if self._reaper is not None:
             self._reaper.cancel()
@@ -210,8 +191,8 @@ class SimServer:
         """Fail the wait of every handler whose client has gone, so its requests stop
         holding a slot (one timer per server instead of one per waiting handler)."""
         while True:
-            await asyncio.sleep(_POLL)
-            for channel, request in list(self._inflight.items()):
+            await asyncio.sleep(POLL_SECONDS)
+            for channel, request in list(self.inflight.items()):
                 transport = request.transport
                 if transport is None or transport.is_closing():
                     channel.fail(ConnectionResetError("client disconnected"))
@@ -219,7 +200,7 @@ class SimServer:
     # -- plumbing --------------------------------------------------------------
 
     async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
-        response.headers[SERVER_HEADER] = self.name
+        response.headers[SIM_SERVER] = self.name
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -230,241 +211,16 @@ class SimServer:
                 self.stats.requests_rejected += 1
             return web.json_response(e.body(), status=e.status)
 
-    @staticmethod
-    async def _json(request: web.Request) -> Any:
-        try:
-            return json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"Invalid JSON body: {e}") from None
-
-    def _served(self) -> set[str]:
+    def served_models(self) -> set[str]:
         return {self.config.model, *self.lora.names()}
 
     # -- inference ---------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._inference(request, "completion")
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._inference(request, "chat")
-
-    def _count_kv_transfer(self, kind: pd.Kind) -> None:
-        if kind != "none":
-            self.stats.kv_transfer[kind] += 1
-
-    async def _inference(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        self.stats.requests_received += 1
-        req = parse(
-            kind,
-            await self._json(request),
-            self.config,
-            tokenizer=self.tokenizer,
-            render=self.render,
-            models=self._served(),
-        )
-        self._count_kv_transfer(req.kv_kind)
-        if self._stopping:
-            raise ApiError(503, "server is shutting down")
-        if self.faults.fail_rate > 0 and self._rng.random() < self.faults.fail_rate:
-            self.stats.requests_failed += 1
-            raise ApiError(500, "simulated failure (fault injection)")
-
-        role = self.config.kv_role
-        remote_decode = req.kv_kind == "do_remote_decode" and pd.honours(role, req.kv_kind)
-        remote_prefill = req.kv_kind == "do_remote_prefill" and pd.honours(role, req.kv_kind)
-        channel = Channel(stream=req.stream)
-        seqs = [
-            SimRequest(
-                ids,
-                1 if remote_decode else req.max_tokens,
-                channel,
-                model=req.model,
-                lora=req.lora,
-                index=i,
-                finish_reason="length" if remote_decode else req.finish_reason,
-                cache_salt=req.cache_salt,
-                remote_prefill=remote_prefill,
-                remote_decode=remote_decode,
-            )
-            for i, ids in enumerate(req.prompts)
-        ]
-        delay = self.faults.delay_ms / 1000.0
-        for seq in seqs:
-            self.engine.submit(seq, delay)
-        builder = ResponseBuilder(kind, req.model)
-        self._inflight[channel] = request
-        try:
-            if req.stream:
-                return await self._stream(request, builder, seqs, req.include_usage)
-            return await self._complete(builder, req, seqs, remote_decode)
-        except ConnectionResetError:
-            self.stats.requests_aborted += 1
-            return web.Response(status=499)  # nobody is listening; nginx's "client closed"
-        finally:
-            self._inflight.pop(channel, None)
-            for seq in seqs:  # no-op for finished ones; frees slots if the client left
-                self.engine.abort(seq)
-
-    def _usage(self, seqs: list[SimRequest]) -> dict[str, Any]:
-        return usage(
-            sum(s.num_prompt_tokens for s in seqs),
-            sum(s.generated for s in seqs),
-            sum(s.num_cached_tokens for s in seqs),
-        )
-
-    def _count_success(self, seqs: list[SimRequest]) -> None:
-        self.stats.requests_succeeded += 1
-        self.stats.prompt_tokens += sum(s.num_prompt_tokens for s in seqs)
-        self.stats.completion_tokens += sum(s.generated for s in seqs)
-        self.stats.cached_tokens += sum(s.num_cached_tokens for s in seqs)
-
-    def _aborted(self, seqs: list[SimRequest]) -> SimRequest | None:
-        return next((s for s in seqs if s.state is State.ABORTED), None)
-
-    async def _complete(
-        self,
-        builder: ResponseBuilder,
-        req: InferenceRequest,
-        seqs: list[SimRequest],
-        remote_decode: bool,
-    ) -> web.Response:
-        channel = seqs[0].channel
-        while True:
-            aborted = self._aborted(seqs)
-            if aborted is not None:
-                self.stats.requests_aborted += 1
-                raise ApiError(503, aborted.abort_reason)
-            if all(s.state is State.FINISHED for s in seqs):
-                break
-            await channel.wait()
-        self._count_success(seqs)
-        params = None
-        if remote_decode:
-            params = pd.prefill_answer(
-                self.engine_id, seqs[0].remote_block_ids, self.advertised_host, self.port
-            )
-        texts = [filler_text(s.generated) for s in seqs]
-        finishes = [s.finish_reason for s in seqs]
-        return web.json_response(builder.full(texts, finishes, self._usage(seqs), params))
-
-    async def _stream(
-        self,
-        request: web.Request,
-        builder: ResponseBuilder,
-        seqs: list[SimRequest],
-        include_usage: bool,
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await resp.prepare(request)
-
-        async def send(payload: Any) -> None:
-            data = payload if isinstance(payload, str) else json.dumps(payload)
-            await resp.write(f"data: {data}\n\n".encode())
-
-        channel = seqs[0].channel
-        sent = [0] * len(seqs)
-        remaining = len(seqs)
-        try:
-            while remaining:
-                out: list[str] = []
-                for i, seq in enumerate(seqs):
-                    finished = seq.state is State.FINISHED
-                    while sent[i] < seq.generated:
-                        k = sent[i]
-                        last = finished and k + 1 == seq.generated
-                        reason = seq.finish_reason if last else None
-                        chunk = builder.chunk_json(i, filler_token(k), k == 0, reason)
-                        out.append(f"data: {chunk}\n\n")
-                        sent[i] += 1
-                        remaining -= last
-                if out:
-                    await resp.write("".join(out).encode())
-                aborted = self._aborted(seqs)
-                if aborted is not None:
-                    self.stats.requests_aborted += 1
-                    await send(error_body(503, aborted.abort_reason))
-                    await send("[DONE]")
-                    return resp
-                if remaining:
-                    await channel.wait()
-            if include_usage:
-                await send(builder.usage_chunk(self._usage(seqs)))
-            await send("[DONE]")
-            await resp.write_eof()
-        except ConnectionResetError:
-            self.stats.requests_aborted += 1
-            return resp
-        self._count_success(seqs)
-        return resp
-
     # -- LoRA ----------------------------------------------------------------------
-
-    async def _models(self, request: web.Request) -> web.Response:
-        adapters = {a.name: a.path for a in self.lora.adapters.values()}
-        return web.json_response(models_body(self.config, adapters))
-
-    async def _load_lora(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        name = body.get("lora_name") if isinstance(body, dict) else None
-        path = body.get("lora_path") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.")
-        if name == self.config.model:
-            raise ApiError(400, f"The lora adapter '{name}' has already been loaded.")
-        try:
-            message = self.lora.load(name, path)
-        except LoraError as e:
-            raise ApiError(e.status, e.message) from None
-        log.info("%s: %s", self.name, message)
-        return web.Response(text=message)
-
-    async def _unload_lora(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        name = body.get("lora_name") if isinstance(body, dict) else None
-        if not isinstance(name, str) or not name:
-            raise ApiError(400, "'lora_name' needs to be provided to unload a LoRA adapter.")
-        try:
-            message = self.lora.unload(name)
-        except LoraError as e:
-            raise ApiError(e.status, e.message) from None
-        log.info("%s: %s", self.name, message)
-        return web.Response(text=message)
 
     # -- KV cache --------------------------------------------------------------------
 
-    async def _kv_event_sources(self, request: web.Request) -> web.Response:
-        sources = [self.publisher.source()] if self.publisher is not None else []
-        return web.json_response(sources)
-
-    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
-        if not self.engine.reset_prefix_cache():
-            log.warning("%s: prefix cache not reset: blocks are in use", self.name)
-        return web.Response()
-
     # -- the rest ----------------------------------------------------------------
-
-    async def _health(self, request: web.Request) -> web.Response:
-        if not self.faults.healthy:
-            return web.Response(status=503)
-        return web.Response()
-
-    async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        self.stats.metrics_scrapes += 1
-        if not self.faults.metrics:
-            self.stats.metrics_hung += 1
-            # Never answer: the scraper must hit its own timeout, as with a wedged
-            # server. Give up only if the client leaves, the server stops, or the
-            # fault is lifted (then answer late, as a slow server would).
-            while not self.faults.metrics:
-                transport = request.transport
-                if self._stopping or transport is None or transport.is_closing():
-                    if transport is not None:
-                        transport.close()
-                    raise asyncio.CancelledError
-                await asyncio.sleep(_POLL)
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def admin_state(self) -> dict[str, Any]:
         snap = self.engine.snapshot()
@@ -500,17 +256,3 @@ class SimServer:
             if publisher is None
             else {**publisher.source(), "sent": publisher.sent, "dropped": publisher.dropped},
         }
-
-    async def _admin_get(self, request: web.Request) -> web.Response:
-        return web.json_response(self.admin_state())
-
-    async def _admin_post(self, request: web.Request) -> web.Response:
-        changes = await self._json(request)
-        if not isinstance(changes, dict):
-            raise ApiError(400, "admin body must be a JSON object of faults")
-        try:
-            self.faults.update(changes)
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
-        log.info("%s: faults now %s", self.name, self.faults.to_dict())
-        return web.json_response(self.admin_state())

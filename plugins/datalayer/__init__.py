@@ -1,1 +1,0 @@
-from plugins.datalayer import sources  # noqa: F401

@@ -2,5 +2,3 @@
 
 The `disagg-profile-handler` names one by its plugin name (`deciders: {prefill: NAME}`).
 """
-
-from plugins.deciders import always, prefix_based  # noqa: F401

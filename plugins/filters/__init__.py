@@ -1,1 +1,0 @@
-from plugins.filters import label_selector, prefix_affinity, roles  # noqa: F401

@@ -8,10 +8,3 @@ prefix, and the data they hand to scorers, filters and P/D deciders.
   (`precise_index`, fed by `epp.datalayer.kvevents`);
 - `hashing`: the block-hash chain both use; `match_info`: what both write.
 """
-
-from plugins.prefix import (  # noqa: F401
-    approx_producer,
-    precise_producer,
-    precise_scorer,
-    prefix_scorer,
-)

@@ -2,8 +2,8 @@
 learnt from where the EPP itself sent earlier prompts (no feedback from the servers).
 
 Per request (`produce`, before any profile runs): cut the prompt into blocks, hash them
-as a chain (`hashing.py`), look the chain up in the index and write a `PrefixMatchInfo`
-under `PREFIX_MATCH_KEY` (and under this type's name, which the `prefix-scorer` reads).
+as a chain (`hashing.py`), look the chain up in the index and produce a `PrefixMatchInfo`
+(under `PREFIX_MATCH_KEY`, the `produces` key, which the `prefix-scorer` reads).
 After scheduling (`pre_request`): record the chain for the first target of the primary
 profile AND of every other profile that ran (the prefill endpoint in P/D), optimistically
 assuming the server will cache it — upstream hard-codes a profile named "prefill"
@@ -108,6 +108,7 @@ def first_targets(result: SchedulingResult) -> list[EndpointSnapshot]:
 @register(APPROX_PRODUCER_TYPE)
 class ApproxPrefixCacheProducer(Plugin):
     Params = ApproxPrefixParams
+    produces = PREFIX_MATCH_KEY
 
     def __init__(self, name: str, params: ApproxPrefixParams, handle: Handle) -> None:
         super().__init__(name)
@@ -115,25 +116,22 @@ class ApproxPrefixCacheProducer(Plugin):
         self.handle = handle
         self.tokenizer = load_tokenizer_param(params.tokenizer)
         self.index = ApproxPrefixIndex(params.lru_capacity_per_server)
-        self._state_key = f"{APPROX_PRODUCER_TYPE}/{name}"
         self._pool_watch = PoolWatch(handle, self.prune)
 
     # ---- DataProducer -----------------------------------------------------
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
-    ) -> None:
+    ) -> PrefixMatchInfo:
         block_tokens = self.block_size(endpoints)
         hashes = self.hashes(request, block_tokens)
         counts = self.index.match(hashes)
-        info = PrefixMatchInfo(
+        return PrefixMatchInfo(
             total_blocks=len(hashes),
             block_size_tokens=block_tokens,
             matched=counts,
             cached_blocks=counts,
+            chains={block_tokens: hashes},
         )
-        state.write(PREFIX_MATCH_KEY, info)
-        state.write(APPROX_PRODUCER_TYPE, info)
-        state.write(self._state_key, (hashes, info))
 
     def block_size(self, endpoints: list[EndpointSnapshot]) -> int:
         """Tokens per block: hashBlockSize / 4, else autoTune's, else blockSizeTokens."""
@@ -169,10 +167,10 @@ class ApproxPrefixCacheProducer(Plugin):
 
     # ---- PreRequest ---------------------------------------------------------
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
-        saved = result.cycle_state.read(self._state_key)
-        if saved is None:
+        info: PrefixMatchInfo | None = result.cycle_state.read(PREFIX_MATCH_KEY)
+        if info is None:
             return
-        hashes, info = saved
+        hashes = info.chains.get(info.block_size_tokens, ())
         targets = first_targets(result)
         if not hashes or not targets:
             return

@@ -1,17 +1,18 @@
 """What a prefix producer tells its consumers, under one CycleState key.
 
 Both the approximate index (what the EPP routed where) and the precise index (what the
-servers' KV events say they hold) write a `PrefixMatchInfo` under `PREFIX_MATCH_KEY`,
-so scorers, the affinity filter, the no-hit LRU scorer and the P/D decider read one
-shape whichever producer runs.
+servers' KV events say they hold) produce a `PrefixMatchInfo` under `PREFIX_MATCH_KEY`
+(their `produces`), so scorers, the affinity filter, the no-hit LRU scorer and the P/D
+decider read one shape whichever producer runs. A config has at most one of them (the
+loader refuses two producers of one key).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-PREFIX_MATCH_KEY = "prefix-cache-match-info"
+PREFIX_MATCH_KEY = "prefix-match"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +24,15 @@ class PrefixMatchInfo:
     possibly tier-weighted (a CPU-tier block counts 0.8); `cached_blocks[name]` is the
     unweighted count of leading blocks the endpoint holds, which is what a P/D decider
     must use to count cached tokens (llm-d#1466 undercounted with the weighted one).
+    `chains[block_size_tokens]` is the request's block-hash chain at each block size the
+    producer matched, which its pre-request hook records for the picked endpoints.
     """
 
     total_blocks: int
     block_size_tokens: int
     matched: Mapping[str, float] = field(default_factory=dict)
     cached_blocks: Mapping[str, int] = field(default_factory=dict)
+    chains: Mapping[int, Sequence[int]] = field(default_factory=dict)
 
     def score(self, endpoint_name: str) -> float:
         if self.total_blocks <= 0:
@@ -37,7 +41,3 @@ class PrefixMatchInfo:
 
     def cached_tokens(self, endpoint_name: str) -> int:
         return self.cached_blocks.get(endpoint_name, 0) * self.block_size_tokens
-
-    @property
-    def any_hit(self) -> bool:
-        return any(v > 0 for v in self.cached_blocks.values())

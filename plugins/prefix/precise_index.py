@@ -28,14 +28,8 @@ import collections
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 
-from epp.datalayer.kvevents import (
-    DROPPED,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVEvent,
-)
+from epp.datalayer.kv_decode import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KVEvent
+from epp.datalayer.kvevents import DROPPED
 from plugins.prefix.hashing import chain_seed, chain_tokens
 
 GPU = 1

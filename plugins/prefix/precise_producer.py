@@ -4,10 +4,11 @@ the servers themselves report in their KV events (llm-d's "precise" prefix scori
 Per request (`produce`): tokenize `prompt_text` with the configured tokenizer (the one the
 servers use: a tokenizer.json path for real models; "simple" matches `epp sim`), or take
 the prompt's token ids when the client sent ids (`InferenceRequest.prompt_token_ids`), chain
-the hashes of its full blocks with the seed rule of `precise_index.py`, and write a
-`PrefixMatchInfo`: `total_blocks` = full blocks of the prompt (a trailing partial block
-is never cached by vLLM, so it is not counted, as llm-d), `matched` = the tier-weighted
-longest consecutive prefix each endpoint holds, `cached_blocks` the unweighted one.
+the hashes of its full blocks with the seed rule of `precise_index.py`, and produce a
+`PrefixMatchInfo` (under `PREFIX_MATCH_KEY`, its `produces` key): `total_blocks` = full
+blocks of the prompt (a trailing partial block is never cached by vLLM, so it is not
+counted, as llm-d), `matched` = the tier-weighted longest consecutive prefix each
+endpoint holds, `cached_blocks` the unweighted one, `chains` the block hashes per size.
 
 The block size per endpoint is the one its `BlockStored` events carry, else its
 `vllm:cache_config_info` block_size; endpoints with neither use the most common known
@@ -110,6 +111,7 @@ class PrecisePrefixParams:
 @register(PRECISE_PRODUCER_TYPE)
 class PrecisePrefixCacheProducer(Plugin):
     Params = PrecisePrefixParams
+    produces = PREFIX_MATCH_KEY
 
     def __init__(self, name: str, params: PrecisePrefixParams, handle: Handle) -> None:
         super().__init__(name)
@@ -121,7 +123,6 @@ class PrecisePrefixCacheProducer(Plugin):
         self.ttl = params.ttl_seconds
         self.index = PreciseIndex(params.max_blocks_per_endpoint, handle.clock)
         self.subscriber: KVEventSubscriber | None = None
-        self._state_key = f"{PRECISE_PRODUCER_TYPE}/{name}"
         self._pool_watch = PoolWatch(handle, self.prune)
 
     # ---- DataProducer -----------------------------------------------------
@@ -131,11 +132,9 @@ class PrecisePrefixCacheProducer(Plugin):
 
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
-    ) -> None:
-        ids = request.prompt_token_ids
-        if ids is None:
-            ids = self.tokenizer.encode(request.prompt_text)
-        seed = chain_seed(request.target_model or request.model, request.cache_salt)
+    ) -> PrefixMatchInfo:
+        ids = self._token_ids(request)
+        seed = _seed(request)
         known = [self.known_block_size(e) for e in endpoints]
         counts = collections.Counter(size for size in known if size)
         ref = counts.most_common(1)[0][0] if counts else self.params.block_size_tokens
@@ -157,29 +156,30 @@ class PrecisePrefixCacheProducer(Plugin):
                 n = n * size // ref
             matched[e.name] = weighted
             cached[e.name] = n
-        info = PrefixMatchInfo(
+        return PrefixMatchInfo(
             total_blocks=len(ids) // ref,
             block_size_tokens=ref,
             matched=matched,
             cached_blocks=cached,
+            chains=chains,
         )
-        state.write(PREFIX_MATCH_KEY, info)
-        state.write(PRECISE_PRODUCER_TYPE, info)
-        state.write(self._state_key, (ids, seed, ref, chains))
+
+    def _token_ids(self, request: InferenceRequest) -> list[int]:
+        ids = request.prompt_token_ids
+        return ids if ids is not None else self.tokenizer.encode(request.prompt_text)
 
     # ---- PreRequest ---------------------------------------------------------
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         if not self.params.speculative_indexing or self.ttl <= 0:
             return
-        saved = result.cycle_state.read(self._state_key)
-        if saved is None:
+        info: PrefixMatchInfo | None = result.cycle_state.read(PREFIX_MATCH_KEY)
+        if info is None:
             return
-        ids, seed, ref, chains = saved
         for snap in first_targets(result):
-            size = self.known_block_size(snap) or ref
-            hashes = chains.get(size)
-            if hashes is None:
-                hashes = chains[size] = chain_tokens(ids, size, seed)
+            size = self.known_block_size(snap) or info.block_size_tokens
+            hashes = info.chains.get(size)
+            if hashes is None:  # the endpoint's block size changed since `produce`
+                hashes = chain_tokens(self._token_ids(request), size, _seed(request))
             self.index.add_speculative(snap.name, hashes, self.ttl)
 
     # ---- Lifecycle: the KV-event subscriber -----------------------------------
@@ -214,3 +214,7 @@ class PrecisePrefixCacheProducer(Plugin):
         gone = self.index.retain(e.name for e in self.handle.pool())
         if gone:
             log.debug("precise prefix index: dropped endpoints no longer in the pool: %s", gone)
+
+
+def _seed(request: InferenceRequest) -> int:
+    return chain_seed(request.target_model or request.model, request.cache_salt)

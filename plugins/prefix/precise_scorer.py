@@ -33,5 +33,5 @@ class PrecisePrefixCacheScorer(Plugin):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> list[float]:
-        info = state.read(PRECISE_PRODUCER_TYPE) or state.read(PREFIX_MATCH_KEY)
+        info = state.read(PREFIX_MATCH_KEY)
         return scores_from(info, endpoints)

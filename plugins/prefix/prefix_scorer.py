@@ -39,7 +39,5 @@ class PrefixScorer(Plugin):
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> list[float]:
-        # Its own producer's result first: another prefix producer may also have written
-        # the shared key in the same cycle.
-        info = state.read(APPROX_PRODUCER_TYPE) or state.read(PREFIX_MATCH_KEY)
+        info = state.read(PREFIX_MATCH_KEY)
         return scores_from(info, endpoints)

@@ -1,1 +1,0 @@
-from plugins.profile_handlers import disagg, single  # noqa: F401

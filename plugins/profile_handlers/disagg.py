@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from epp.errors import EppError, unavailable
+from epp.headers import PREFILLER_HOST_PORT
 from epp.observability import REGISTRY
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
@@ -43,7 +44,6 @@ from plugins.deciders.base import PrefillDecider
 log = logging.getLogger("epp.plugins.disagg")
 
 # The header the decode-side sidecar reads (llm-d's name; see epp/sidecar/).
-PREFILLER_HEADER = "x-prefiller-host-port"
 # CycleState keys: the decider's verdict, and the decode pick published before the
 # prefill profile runs so prefill-side plugins may use it (as llm-d does).
 DECISION_KEY = "disagg-profile-handler/remote-prefill"
@@ -246,7 +246,7 @@ class DisaggProfileHandler(Plugin):
         prefill = results.get(self.prefill)
         if prefill is not None and prefill.targets[0].hostport != decode.targets[0].hostport:
             out[self.prefill] = prefill
-            headers[PREFILLER_HEADER] = prefill.targets[0].hostport
+            headers[PREFILLER_HOST_PORT] = prefill.targets[0].hostport
         elif state.read(DECISION_KEY) and prefill is None:
             PREFILL_UNAVAILABLE.inc()
             log.debug("request %s: no prefill endpoint available; decode-only", request.request_id)

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
+from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
@@ -35,7 +36,7 @@ from epp.scheduling.types import CycleState, SchedulingResult
 
 @dataclass(frozen=True)
 class SessionAffinityParams:
-    header_name: str = param("x-session-token", doc="request header carrying the session id")
+    header_name: str = param(SESSION_TOKEN, doc="request header carrying the session id")
     eviction_ttl_seconds: float = param(
         300.0, doc="a session unused this long is forgotten (llm-d's default)"
     )

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from epp.headers import SIM_SERVER
+
 
 @dataclass
 class Reply:
@@ -30,7 +32,7 @@ async def send(
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     hdrs = {"content-type": "application/json", **(headers or {})}
     async with session.post(url + path, data=data, headers=hdrs) as r:
-        return Reply(r.status, r.headers.get("x-sim-server"), await r.read())
+        return Reply(r.status, r.headers.get(SIM_SERVER), await r.read())
 
 
 async def burst(

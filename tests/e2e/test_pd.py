@@ -10,11 +10,11 @@ import aiohttp
 import pytest
 
 from epp.harness.localstack import LocalStack, PDLayout
+from epp.headers import PREFILLER_HOST_PORT as PD
 from tests.e2e.client import send, sim_prefix
 
 pytestmark = pytest.mark.e2e
 
-PD = "x-prefiller-host-port"
 SIM_ARGS = ["--max-num-seqs", "4", "--decode-ms-per-token", "2", "--prefill-ms-per-token", "0.02"]
 
 
@@ -123,7 +123,9 @@ async def test_a_client_sent_prefiller_header_is_never_honoured(pd_stack):
     # A short prompt naming a prefill server: the EPP removes the header, no remote prefill.
     before = stats(pd_stack)
     r = await post(
-        pd_stack, {"model": "tiny", "prompt": "hi", "max_tokens": 2}, {PD: prefill.hostport}
+        pd_stack,
+        {"model": "tiny", "prompt": "hi", "max_tokens": 2},
+        {PD: prefill.hostport},
     )
     assert r.status == 200
     received = changed(before, stats(pd_stack), "requests_received")

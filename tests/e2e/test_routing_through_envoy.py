@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from epp.harness.localstack import LocalStack
+from epp.headers import DESTINATION_ENDPOINT, MODEL_REWRITE
 from tests.e2e.client import burst, send, servers, sim_prefix
 from tests.e2e.conftest import SIM_ARGS
 
@@ -62,13 +63,11 @@ async def test_streaming_and_chat_through_envoy(stack):
 
 async def test_client_sent_destination_header_is_ignored(stack):
     # Pointing at a closed port: if Envoy honoured it, every request would fail.
-    replies = await burst(
-        stack.url, 12, 4, BODY, headers={"x-gateway-destination-endpoint": "127.0.0.1:1"}
-    )
+    replies = await burst(stack.url, 12, 4, BODY, headers={DESTINATION_ENDPOINT: "127.0.0.1:1"})
     assert [r.status for r in replies] == [200] * 12
     # Pointing at sim-0: requests still spread according to the EPP.
     replies = await burst(
-        stack.url, 30, 3, BODY, headers={"x-gateway-destination-endpoint": stack.sims[0].hostport}
+        stack.url, 30, 3, BODY, headers={DESTINATION_ENDPOINT: stack.sims[0].hostport}
     )
     assert len(servers(replies)) > 1
 
@@ -98,7 +97,7 @@ async def test_model_rewrite_header_reaches_the_server(stack):
             s,
             stack.url,
             {"model": "tiny-alias", "prompt": "hello", "max_tokens": 2},
-            headers={"x-gateway-model-name-rewrite": "tiny"},
+            headers={MODEL_REWRITE: "tiny"},
         )
     assert r.status == 200, r.body
     assert r.json()["model"] == "tiny"
@@ -157,7 +156,7 @@ async def test_other_body_modes_route_and_keep_the_body(mode):
                     s,
                     st.url,
                     {"model": "alias", "prompt": "hello " * 50, "max_tokens": 2},
-                    headers={"x-gateway-model-name-rewrite": "tiny"},
+                    headers={MODEL_REWRITE: "tiny"},
                 )
                 assert r.status == 200, r.body
                 assert r.json()["usage"]["prompt_tokens"] > 40

@@ -27,7 +27,6 @@ import yaml
 from aiohttp import web
 
 from epp.harness.envoy import (
-    DESTINATION_HEADER,
     EnvoyOptions,
     RunningEnvoy,
     astart_envoy,
@@ -46,6 +45,7 @@ from epp.harness.procs import (
     ProcessGroup,
     free_port,
 )
+from epp.headers import DESTINATION_ENDPOINT
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -276,7 +276,7 @@ async def test_get_reaches_the_named_upstream(gateway: Gateway) -> None:
     assert echoed["port"] == gateway.target_port
     assert echoed["method"] == "GET"
     assert echoed["path"] == "/v1/models"
-    assert echoed["headers"][DESTINATION_HEADER] == f"127.0.0.1:{gateway.target_port}"
+    assert echoed["headers"][DESTINATION_ENDPOINT] == f"127.0.0.1:{gateway.target_port}"
 
 
 @pytest.mark.e2e
@@ -296,11 +296,11 @@ async def test_post_body_arrives_intact(gateway: Gateway, size: int) -> None:
 
 @pytest.mark.e2e
 async def test_client_cannot_pick_its_own_endpoint(gateway: Gateway) -> None:
-    spoofed = {DESTINATION_HEADER: f"127.0.0.1:{gateway.decoy_port}"}
+    spoofed = {DESTINATION_ENDPOINT: f"127.0.0.1:{gateway.decoy_port}"}
     url = gateway.envoy.url + "/v1/completions"
     echoed = await _send("POST", url, data=_json_body(100), headers=spoofed)
     assert echoed["port"] == gateway.target_port
-    assert echoed["headers"][DESTINATION_HEADER] == f"127.0.0.1:{gateway.target_port}"
+    assert echoed["headers"][DESTINATION_ENDPOINT] == f"127.0.0.1:{gateway.target_port}"
 
 
 @pytest.mark.e2e
@@ -333,6 +333,16 @@ async def test_buffered_mode_through_the_async_api(upstreams: EchoUpstreams) -> 
 
 
 @pytest.mark.e2e
+def _dechunk(raw: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, raw = out + raw[:size], raw[size + 2 :]
+
+
 async def test_request_trailers_end_the_body(upstreams: EchoUpstreams) -> None:
     """With trailers, the body never sees end_of_stream: the servicer must end it on trailers.
 
@@ -362,7 +372,11 @@ async def test_request_trailers_end_the_body(upstreams: EchoUpstreams) -> None:
         writer.close()
     status_line, _, payload = response.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 200 OK", response[:500]
-    echoed = json.loads(payload.split(b"\r\n\r\n", 1)[1])
+    head, _, raw = payload.partition(b"\r\n\r\n")
+    # With the response path on, Envoy streams the response body through the EPP and
+    # cannot know its length up front: the client gets it chunked.
+    assert b"transfer-encoding: chunked" in head.lower()
+    echoed = json.loads(_dechunk(raw))
     assert echoed["port"] == target
     assert echoed["body"].encode() == body
 

@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint
 from epp.director import Director
-from epp.extproc import messages as m
 from epp.extproc.server import EXT_PROC_SERVICE, start_grpc_servers
+from epp.headers import DESTINATION_ENDPOINT
 from epp.scheduling.registry import Handle
 
 MODES = processing_mode_pb2.ProcessingMode
@@ -51,7 +51,8 @@ def chunks(body, n):
 async def epp():
     ds = Datastore(require_metrics=False)
     ds.set_endpoints([Endpoint(f"e{i}", "127.0.0.1", 9000 + i) for i in range(3)])
-    director = Director(ds, load_default_config(Handle(rng=random.Random(1))), random.Random(1))
+    cfg = load_default_config(Handle(rng=random.Random(1)))
+    director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(1))
     main, health, servicer, reporter, gport, hport = await start_grpc_servers(
         director, ds, "127.0.0.1", 0, 0
     )
@@ -112,7 +113,7 @@ async def test_whole_stream_in_each_body_mode(epp, mode, n_chunks):
         assert kinds == ["request_headers"] + ["request_body"] * n_chunks
         mutation = responses[1].request_body.response.header_mutation
     dest = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}[
-        m.DESTINATION_HEADER
+        DESTINATION_ENDPOINT
     ]
     assert dest in {e.hostport for e in ds.endpoints()}
     await asyncio.sleep(0.05)

@@ -22,13 +22,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from epp.datalayer.kvevents import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    KVEventSubscriber,
-)
+from epp.datalayer.kv_decode import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from epp.datalayer.kvevents import KVEventSubscriber
 from epp.datastore import Endpoint
 from epp.tokenizer import HFTokenizer
 from plugins.prefix.hashing import chain_seed, chain_tokens

@@ -10,14 +10,15 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_file
-from epp.datastore import EndpointSnapshot, with_metrics
+from epp.datastore import EndpointSnapshot
+from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest, new_request, parse_body
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.scorers import lora_affinity
-from tests.helpers import snap
+from tests.helpers import snap, with_metrics
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
@@ -31,7 +32,7 @@ class FakeClock:
 
 
 def make(type_name: str, params: object = None, *, clock=None, seed: int = 0):
-    spec = lookup(type_name)
+    spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
     handle = Handle(rng=random.Random(seed), clock=clock or FakeClock())
     return spec.build(type_name, parse_params(spec.params, params), handle)
@@ -69,7 +70,7 @@ A, B, C, D = snap("a"), snap("b"), snap("c"), snap("d")
 # ---- session-affinity-scorer ------------------------------------------------------
 
 
-def sess(sid: str, header: str = "x-session-token") -> InferenceRequest:
+def sess(sid: str, header: str = SESSION_TOKEN) -> InferenceRequest:
     return req(headers={header: sid})
 
 
@@ -141,7 +142,7 @@ def test_session_custom_header_and_profile():
 
 
 def test_session_params_are_checked():
-    spec = lookup("session-affinity-scorer")
+    spec = PLUGIN_TYPES.lookup("session-affinity-scorer")
     with pytest.raises(ConfigError, match="evictionTtlSeconds must be > 0"):
         parse_params(spec.params, {"evictionTtlSeconds": 0})
     with pytest.raises(ConfigError, match="headerName"):
@@ -324,32 +325,35 @@ def test_affinity_ttft_gate_breaks_stickiness():
         "prefix-cache-affinity-filter", {"peakPrefillThroughput": 1000, "maxTTFTPenaltyMs": 5000}
     )
     state = prefix_state(a=10, b=10)
-    busy = snap("a", inflight_tokens=10_000)  # 10,000 ms
-    idle_sticky = snap("b", inflight_tokens=0)
+    busy = snap("a", inflight_prefill_tokens=10_000)  # 10,000 ms
+    idle_sticky = snap("b", inflight_prefill_tokens=0)
     assert f.ttft_ms(busy) == 10_000.0
     # Best sticky (b: 0 ms) is the one that counts: stays sticky.
-    eps = [busy, idle_sticky, snap("c", inflight_tokens=0)]
+    eps = [busy, idle_sticky, snap("c", inflight_prefill_tokens=0)]
     assert names(f.filter(state, req(), eps)) == ["a", "b"]
     only_busy = prefix_state(a=10)
-    other_4s = snap("c", inflight_tokens=4_000)  # 10,000 − 4,000 = 6,000 > 5,000: break
+    other_4s = snap("c", inflight_prefill_tokens=4_000)  # 10,000 − 4,000 = 6,000 > 5,000: break
     assert names(f.filter(only_busy, req(), [busy, other_4s])) == ["a", "c"]
-    other_6s = snap("c", inflight_tokens=6_000)  # 4,000 ≤ 5,000: stick
+    other_6s = snap("c", inflight_prefill_tokens=6_000)  # 4,000 ≤ 5,000: stick
     assert names(f.filter(only_busy, req(), [busy, other_6s])) == ["a"]
 
 
 def test_affinity_ttft_gate_defaults_are_llm_d_and_zero_turns_it_off():
     f = make("prefix-cache-affinity-filter")
     state = prefix_state(a=10)
-    assert f.ttft_ms(snap("a", inflight_tokens=15_928)) == pytest.approx(1000.0)
+    assert f.ttft_ms(snap("a", inflight_prefill_tokens=15_928)) == pytest.approx(1000.0)
     # 18,000 ms at 15,928 tok/s is 286,704 tokens more than the best other endpoint.
-    assert names(f.filter(state, req(), [snap("a", inflight_tokens=280_000), B])) == ["a"]
-    assert names(f.filter(state, req(), [snap("a", inflight_tokens=300_000), B])) == ["a", "b"]
+    assert names(f.filter(state, req(), [snap("a", inflight_prefill_tokens=280_000), B])) == ["a"]
+    assert names(f.filter(state, req(), [snap("a", inflight_prefill_tokens=300_000), B])) == [
+        "a",
+        "b",
+    ]
     off = make("prefix-cache-affinity-filter", {"maxTTFTPenaltyMs": 0})
-    assert names(off.filter(state, req(), [snap("a", inflight_tokens=10**9), B])) == ["a"]
+    assert names(off.filter(state, req(), [snap("a", inflight_prefill_tokens=10**9), B])) == ["a"]
 
 
 def test_affinity_params_are_checked():
-    spec = lookup("prefix-cache-affinity-filter")
+    spec = PLUGIN_TYPES.lookup("prefix-cache-affinity-filter")
     with pytest.raises(ConfigError, match="peakPrefillThroughput must be > 0"):
         parse_params(spec.params, {"peakPrefillThroughput": 0})
     with pytest.raises(ConfigError, match="at most 1"):

@@ -13,11 +13,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from epp.datalayer.kvevents import (
+from epp.datalayer.kv_decode import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    KVEventSubscriber,
     Malformed,
     decode_event,
     decode_frames,
@@ -25,6 +24,7 @@ from epp.datalayer.kvevents import (
     hash_value,
     parse_topic,
 )
+from epp.datalayer.kvevents import KVEventSubscriber
 from epp.datastore import Endpoint
 from epp.observability import REGISTRY
 
@@ -280,3 +280,20 @@ def test_connect_mode_addresses_follow_the_label_or_default_port():
     assert sub.stats["dropped:bad_port_label"] == 1
     with pytest.raises(ValueError, match="mode must be one of"):
         KVEventSubscriber(lambda *a: None, mode="both")
+
+
+def test_the_decoder_module_is_pure():
+    """kv_decode holds the wire format only: no sockets, event loop, metrics or logging."""
+    import ast
+    from pathlib import Path
+
+    import epp.datalayer.kv_decode as mod
+
+    tree = ast.parse(Path(mod.__file__).read_text())
+    imported = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+    }
+    assert imported <= {"__future__", "collections", "dataclasses", "typing", "msgpack"}

@@ -17,7 +17,7 @@ import zmq
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState
 from epp.tokenizer import SimpleTokenizer
 from tests.helpers import completion
@@ -45,7 +45,7 @@ class Pool:
 
 
 def build(pool: Pool, **params: object):
-    spec = lookup("precise-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("precise-prefix-cache-producer")
     assert spec is not None
     handle = Handle(
         rng=random.Random(0), pool=lambda: list(pool.endpoints), on_pool_change=pool.subscribe
@@ -71,7 +71,7 @@ def score(prod, pool: Pool) -> dict[str, float]:
 
     state = CycleState()
     snaps = snapshots(pool)
-    prod.produce(state, completion(PROMPT, model="m"), snaps)
+    state.write(prod.produces, prod.produce(state, completion(PROMPT, model="m"), snaps))
     scores = plugin("precise-prefix-cache-scorer").score(state, completion(), snaps)
     return {s.name: v for s, v in zip(snaps, scores, strict=True)}
 

@@ -12,14 +12,13 @@ from epp.config.loader import load_config_text
 from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.errors import EppError
-from epp.extproc import messages as m
 from epp.extproc.stream import RequestStream
+from epp.headers import PREFILLER_HOST_PORT
 from epp.observability import REGISTRY
 from epp.scheduling.registry import Handle
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import CycleState
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
-from plugins.profile_handlers.disagg import PREFILLER_HEADER
 from tests.helpers import completion, plugin, snap
 from tests.unit.test_stream import body_msg, headers_msg
 
@@ -69,13 +68,13 @@ class FixedMatches:
     """A stand-in prefix producer: writes the given match info into the cycle."""
 
     name = type_name = "fixed-matches"
+    produces = PREFIX_MATCH_KEY
 
     def __init__(self, info: PrefixMatchInfo | None) -> None:
         self.info = info
 
     def produce(self, state, request, endpoints):
-        if self.info is not None:
-            state.write(PREFIX_MATCH_KEY, self.info)
+        return self.info
 
 
 def with_producer(cfg, info: PrefixMatchInfo | None) -> Scheduler:
@@ -185,8 +184,8 @@ def test_long_prompt_goes_prefill_decode_with_the_header():
     assert result.targets[0].name == "d1"  # the less loaded decode endpoint
     prefill = result.profile_results["prefill"]
     assert prefill is not None and prefill.targets[0].name == "p0"
-    assert result.headers == {PREFILLER_HEADER: prefill.targets[0].hostport}
-    assert result.headers[PREFILLER_HEADER] == f"{prefill.targets[0].endpoint.address}:8000"
+    assert result.headers == {PREFILLER_HOST_PORT: prefill.targets[0].hostport}
+    assert result.headers[PREFILLER_HOST_PORT] == f"{prefill.targets[0].endpoint.address}:8000"
     assert delta(before) == {"prefill-decode": 1.0}
 
 
@@ -209,7 +208,7 @@ def test_cached_on_one_decode_endpoint_only_matters_if_that_one_is_picked():
     cfg = load(pd_config("{deciders: {prefill: pd}}", PREFIX_256))
     sched = with_producer(cfg, info({"d0": 60}))
     assert sched.schedule(prompt(1000), pool(d1=5)).headers == {}  # d0 picked: cached
-    assert PREFILLER_HEADER in sched.schedule(prompt(1000), pool(d0=5)).headers  # d1: not
+    assert PREFILLER_HOST_PORT in sched.schedule(prompt(1000), pool(d0=5)).headers  # d1: not
 
 
 def test_no_prefill_endpoint_falls_back_to_decode_only_and_is_counted():
@@ -273,11 +272,11 @@ def test_director_holds_both_endpoints_of_a_pd_request():
             Endpoint("d0", "10.0.0.2", 8000, {ROLE: "decode"}),
         ]
     )
-    decision = Director(ds, cfg).route(prompt(100), None)
+    decision = Director(ds, cfg.scheduler, cfg.pre_request).route(prompt(100), None)
     assert decision.destinations == ["10.0.0.2:8000"]
-    assert decision.headers == {PREFILLER_HEADER: "10.0.0.1:8000"}
+    assert decision.headers == {PREFILLER_HOST_PORT: "10.0.0.1:8000"}
     assert ds.inflight("p0")[0] == 1 and ds.inflight("d0")[0] == 1
-    Director(ds, cfg).release(decision)
+    Director(ds, cfg.scheduler, cfg.pre_request).release(decision)
     assert ds.inflight("p0") == (0, 0) and ds.inflight("d0") == (0, 0)
 
 
@@ -290,7 +289,6 @@ def _set_headers(responses) -> tuple[dict[str, str], list[str]]:
 
 
 def test_ext_proc_sets_the_header_and_never_forwards_a_client_copy():
-    assert m.PREFILL_HEADER == PREFILLER_HEADER
     cfg = load(pd_config("{deciders: {prefill: pd}}", PREFIX_256))
     ds = Datastore(require_metrics=False)
     ds.set_endpoints(
@@ -300,21 +298,21 @@ def test_ext_proc_sets_the_header_and_never_forwards_a_client_copy():
         ]
     )
     cfg.scheduler = with_producer(cfg, info({}))
-    director = Director(ds, cfg)
-    client = {":path": "/v1/completions", ":method": "POST", PREFILLER_HEADER: "6.6.6.6:1"}
+    director = Director(ds, cfg.scheduler, cfg.pre_request)
+    client = {":path": "/v1/completions", ":method": "POST", PREFILLER_HOST_PORT: "6.6.6.6:1"}
     # Long prompt: P/D, the header is ours (a set overwrites the client's).
     long_body = json.dumps({"model": "m", "prompt": "x" * 4000}).encode()
     s = RequestStream(director, 1 << 20)
     s.handle(headers_msg(client))
     set_h, removed = _set_headers(s.handle(body_msg(long_body, True)))
-    assert set_h[PREFILLER_HEADER] == "10.0.0.1:8000" and PREFILLER_HEADER not in removed
+    assert set_h[PREFILLER_HOST_PORT] == "10.0.0.1:8000" and PREFILLER_HOST_PORT not in removed
     s.close()
     # Short prompt: decode-only, the client's copy is removed.
     s = RequestStream(director, 1 << 20)
     s.handle(headers_msg(client))
     short_body = json.dumps({"model": "m", "prompt": "hi"}).encode()
     set_h, removed = _set_headers(s.handle(body_msg(short_body, True)))
-    assert PREFILLER_HEADER not in set_h and PREFILLER_HEADER in removed
+    assert PREFILLER_HOST_PORT not in set_h and PREFILLER_HOST_PORT in removed
     s.close()
 
 
@@ -397,16 +395,16 @@ def test_shipped_pd_config_long_goes_pd_then_the_same_prompt_stays_on_its_decode
         [Endpoint(f"p{i}", f"10.0.0.{i + 1}", 8000, {ROLE: "prefill"}) for i in range(2)]
         + [Endpoint(f"d{i}", f"10.0.1.{i + 1}", 8000, {ROLE: "decode"}) for i in range(2)]
     )
-    director = Director(ds, cfg)
+    director = Director(ds, cfg.scheduler, cfg.pre_request)
     long = completion(" ".join(f"word{i}" for i in range(2000)))  # ~3.5K tokens
     first = director.route(long, None)
     director.release(first)
-    assert first.headers[PREFILLER_HEADER].startswith("10.0.0.")
+    assert first.headers[PREFILLER_HOST_PORT].startswith("10.0.0.")
     assert first.destinations[0].startswith("10.0.1.")
     again = director.route(completion(long.prompt_text), None)
     director.release(again)
     assert again.headers == {} and again.destinations == first.destinations
     # A new long prompt sharing nothing is disaggregated again; a short one never is.
     other = director.route(completion("fresh " * 2000), None)
-    assert PREFILLER_HEADER in other.headers
+    assert PREFILLER_HOST_PORT in other.headers
     assert director.route(completion("hello there"), None).headers == {}

@@ -3,13 +3,13 @@
 from pathlib import Path
 
 from epp.plugin_list import render
-from epp.scheduling import registry
+from epp.scheduling.registry import PLUGIN_TYPES
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
 
 
 def test_every_plugin_type_and_alias_is_documented():
-    missing = [n for n in registry.all_names() if f"`{n}`" not in DOC]
+    missing = [n for n in PLUGIN_TYPES.all_names() if f"`{n}`" not in DOC]
     assert missing == []
 
 

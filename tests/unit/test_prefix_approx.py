@@ -12,14 +12,14 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
-from epp.datastore import Endpoint, with_metrics
+from epp.datastore import Endpoint
 from epp.observability import REGISTRY
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.approx_index import ApproxPrefixIndex
 from plugins.prefix.hashing import chain_bytes, chain_seed, chain_tokens, token_bytes
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
-from tests.helpers import completion, snap
+from tests.helpers import completion, snap, with_metrics
 
 A, B, C = snap("a"), snap("b"), snap("c")
 EPS = [A, B, C]
@@ -28,7 +28,7 @@ EPS = [A, B, C]
 def producer(params: dict | None = None, handle: Handle | None = None):
     from epp.scheduling.params import parse_params
 
-    spec = lookup("approx-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("approx-prefix-cache-producer")
     assert spec is not None
     p = {"blockSizeTokens": 1, **(params or {})}
     return spec.build(
@@ -37,17 +37,14 @@ def producer(params: dict | None = None, handle: Handle | None = None):
 
 
 def match(prod, request, endpoints=EPS) -> PrefixMatchInfo:
-    state = CycleState()
-    prod.produce(state, request, endpoints)
-    info = state.read(PREFIX_MATCH_KEY)
-    assert state.read("approx-prefix-cache-producer") is info
-    return info
+    assert prod.produces == PREFIX_MATCH_KEY
+    return prod.produce(CycleState(), request, endpoints)
 
 
 def route(prod, request, picks: dict[str, list], primary: str = "default", endpoints=EPS):
     """produce, then pre_request as if the profiles in `picks` chose those targets."""
     state = CycleState()
-    prod.produce(state, request, endpoints)
+    state.write(prod.produces, prod.produce(state, request, endpoints))
     results = {name: (ProfileResult(t) if t is not None else None) for name, t in picks.items()}
     prod.pre_request(request, SchedulingResult(results, primary, cycle_state=state))
     return state.read(PREFIX_MATCH_KEY)

@@ -13,13 +13,13 @@ import pytest
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
 from epp.datalayer.kvevents import KVEventSubscriber
-from epp.datastore import Endpoint, with_metrics
+from epp.datastore import Endpoint
 from epp.scheduling.params import parse_params
-from epp.scheduling.registry import Handle, lookup
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from epp.tokenizer import SimpleTokenizer
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
-from tests.helpers import completion, snap
+from tests.helpers import completion, snap, with_metrics
 from tests.unit.test_kvevents import (
     message,
     removed_array,
@@ -45,7 +45,7 @@ class Clock:
 
 
 def producer(params: dict | None = None, clock: Clock | None = None, pool=POOL):
-    spec = lookup("precise-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("precise-prefix-cache-producer")
     assert spec is not None
     handle = Handle(rng=random.Random(0), clock=clock or Clock(), pool=lambda: list(pool))
     prod = spec.build("precise", parse_params(spec.params, params), handle)
@@ -60,11 +60,8 @@ def send(prod, endpoint: str, events: list, seq: int = 0, model: str = "m") -> N
 
 
 def match(prod, request=None, endpoints=EPS) -> PrefixMatchInfo:
-    state = CycleState()
-    prod.produce(state, request or completion(PROMPT, model="m"), endpoints)
-    info = state.read(PREFIX_MATCH_KEY)
-    assert state.read("precise-prefix-cache-producer") is info
-    return info
+    assert prod.produces == PREFIX_MATCH_KEY
+    return prod.produce(CycleState(), request or completion(PROMPT, model="m"), endpoints)
 
 
 def scores(info: PrefixMatchInfo, endpoints=EPS) -> list[float]:
@@ -243,7 +240,7 @@ def test_block_size_comes_from_events_then_metrics_then_the_parameter():
 # ---- speculative entries --------------------------------------------------------------
 def pick(prod, request, targets: dict[str, list]) -> None:
     state = CycleState()
-    prod.produce(state, request, EPS)
+    state.write(prod.produces, prod.produce(state, request, EPS))
     first = next(iter(targets))
     result = SchedulingResult({k: ProfileResult(v) for k, v in targets.items()}, first)
     result.cycle_state = state
@@ -282,7 +279,7 @@ def test_speculative_indexing_can_be_turned_off():
 async def test_endpoints_leaving_the_pool_are_forgotten():
     pool = list(POOL)
     listeners: list = []
-    spec = lookup("precise-prefix-cache-producer")
+    spec = PLUGIN_TYPES.lookup("precise-prefix-cache-producer")
     assert spec is not None
 
     def subscribe(fn):
@@ -313,11 +310,28 @@ def test_precise_scorer_reads_its_producer():
     state = CycleState()
     assert scorer.score(state, completion(), EPS) == [0.0, 0.0, 0.0]
     state.write(
-        "precise-prefix-cache-producer",
+        PREFIX_MATCH_KEY,
         PrefixMatchInfo(total_blocks=5, block_size_tokens=16, matched={"b": 4.0}),
     )
-    state.write(PREFIX_MATCH_KEY, PrefixMatchInfo(total_blocks=1, block_size_tokens=16))
-    assert scorer.score(state, completion(), EPS) == [0.0, 0.8, 0.0]
+    assert scorer.score(state, completion(), EPS) == [0.0, 0.8, 0.0]  # 4 / 5 blocks
+
+
+def test_two_producers_of_the_prefix_match_key_are_refused():
+    both = (
+        "plugins:\n- type: approx-prefix-cache-producer\n"
+        "- type: precise-prefix-cache-producer\n  parameters: {mode: connect}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config_text(both)
+    assert e.value.path == "plugins[1]"
+    assert "precise-prefix-cache-producer" in str(e.value)
+    assert "approx-prefix-cache-producer" in str(e.value) and "'prefix-match'" in str(e.value)
+    # The same clash when the loader creates the approximate producer for prefix-scorer.
+    with pytest.raises(ConfigError, match=r"\(created for prefix-scorer/prefix-scorer\)"):
+        load_config_text(
+            "plugins:\n- type: precise-prefix-cache-producer\n  parameters: {mode: connect}\n"
+            "- type: prefix-scorer\n"
+        )
 
 
 def test_precise_scorer_parameters_configure_its_producer_or_fail_loudly():

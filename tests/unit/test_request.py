@@ -5,6 +5,7 @@ import json
 import pytest
 
 from epp.errors import EppError
+from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
 from epp.request import (
     API_CHAT,
     API_COMPLETIONS,
@@ -81,10 +82,10 @@ def test_headers_are_carried():
     r = parse(
         {"model": "m", "prompt": "p"},
         headers={
-            "x-request-id": "rid-1",
-            "x-gateway-inference-objective": "critical",
-            "x-gateway-inference-fairness-id": "tenant-a",
-            "x-gateway-model-name-rewrite": "m-v2",
+            REQUEST_ID: "rid-1",
+            OBJECTIVE: "critical",
+            FAIRNESS_ID: "tenant-a",
+            MODEL_REWRITE: "m-v2",
         },
     )
     assert r.request_id == "rid-1"
@@ -99,7 +100,7 @@ def test_request_id_is_generated_when_absent():
 def test_model_rewrite_produces_new_body_with_unknown_fields_kept():
     r = parse(
         {"model": "m", "prompt": "p", "foo": {"bar": 1}},
-        headers={"x-gateway-model-name-rewrite": "n"},
+        headers={MODEL_REWRITE: "n"},
     )
     body = json.loads(r.body_for_upstream())
     assert body == {"model": "n", "prompt": "p", "foo": {"bar": 1}}

@@ -113,9 +113,10 @@ def test_scheduler_refuses_empty_candidate_list():
 class CountingProducer:
     type_name = "counting-producer"
     name = "counting-producer"
+    produces = "name-lengths"
 
     def produce(self, state, request, endpoints):
-        state.write(self.type_name, {e.name: len(e.name) for e in endpoints})
+        return {e.name: len(e.name) for e in endpoints}
 
 
 class ReadsProducer:
@@ -123,7 +124,7 @@ class ReadsProducer:
     name = "reads-producer"
 
     def score(self, state, request, endpoints):
-        data = state.read("counting-producer")
+        data = state.read("name-lengths")
         return [data[e.name] / 10 for e in endpoints]
 
 
@@ -134,4 +135,4 @@ def test_producers_run_before_profiles_and_results_carry_cycle_state():
     sched = Scheduler(plugin("single-profile-handler"), {"default": profile}, [CountingProducer()])
     result = sched.schedule(completion(), [snap("a"), snap("bbbb"), snap("cc")])
     assert [t.name for t in result.targets] == ["bbbb"]
-    assert result.cycle_state.read("counting-producer") == {"a": 1, "bbbb": 4, "cc": 2}
+    assert result.cycle_state.read("name-lengths") == {"a": 1, "bbbb": 4, "cc": 2}

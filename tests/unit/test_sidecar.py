@@ -10,10 +10,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from epp.headers import PREFILLER_HOST_PORT as PD
+from epp.headers import REQUEST_ID, SIM_SERVER
 from epp.sidecar import Sidecar, SidecarOptions
 from epp.sim import SimConfig, SimServer
 
-PD = "x-prefiller-host-port"
 FAST = SimConfig(decode_ms_per_token=1.0, prefill_ms_per_token=0.01)
 LONG_PROMPT = "tell me everything about disaggregated serving " * 100  # ~600 tokens
 
@@ -59,7 +60,7 @@ async def test_without_the_header_requests_reach_the_decode_server_unchanged():
     async with SimServer("dec-0", FAST) as dec, sidecar_for(dec.url) as sc:
         body = {"model": "tiny", "prompt": "hello", "max_tokens": 4, "stream": True}
         status, headers, raw = await post(sc.url, body)
-        assert status == 200 and headers["x-sim-server"] == "dec-0"
+        assert status == 200 and headers[SIM_SERVER] == "dec-0"
         assert headers["Content-Type"] == "text/event-stream"
         events = sse_events(raw)
         assert len(events) == 5 and events[-1] == "[DONE]"
@@ -102,7 +103,11 @@ async def test_passthrough_is_byte_exact_and_streams_chunk_by_chunk():
     try:
         async with sidecar_for(f"http://127.0.0.1:{port}") as sc, aiohttp.ClientSession() as s:
             body = b'{"odd":  "spacing" }'
-            headers = {"authorization": "Bearer t", "x-custom": "v", PD: "10.0.0.1:1"}
+            headers = {
+                "authorization": "Bearer t",
+                "x-custom": "v",
+                PD: "10.0.0.1:1",
+            }
             async with s.put(sc.url + "/any/path?q=1", data=body, headers=headers) as r:
                 assert r.status == 207 and r.headers["x-up"] == "1"
                 assert r.headers["content-type"] == "a/b"
@@ -145,7 +150,7 @@ async def test_a_failing_prefill_server_falls_back_to_a_local_decode():
         for stream in (False, True):
             body = {"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 3, "stream": stream}
             status, headers, raw = await post(sc.url, body, {PD: f"127.0.0.1:{pre.port}"})
-            assert status == 200 and headers["x-sim-server"] == "dec-0"
+            assert status == 200 and headers[SIM_SERVER] == "dec-0"
             if stream:
                 assert sse_events(raw)[-1] == "[DONE]"
             else:
@@ -178,7 +183,7 @@ async def test_a_prefill_4xx_goes_back_to_the_client():
     ):
         body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
         status, headers, raw = await post(sc.url, body, {PD: f"127.0.0.1:{pre.port}"})
-        assert status == 404 and headers["x-sim-server"] == "pre-0"
+        assert status == 404 and headers[SIM_SERVER] == "pre-0"
         assert "tiny" in json.loads(raw)["error"]["message"]
         assert dec.stats.requests_received == 0
         assert sidecar_counts(sc)[("/v1/completions", "prefill_rejected")] == 1
@@ -259,7 +264,7 @@ async def test_a_long_prompt_is_prefilled_remotely_then_decoded_here(stream):
         if stream:
             body["stream_options"] = {"include_usage": True}
         status, headers, raw = await post(sc.url, body, {PD: f"127.0.0.1:{pre.port}"})
-        assert status == 200 and headers["x-sim-server"] == "dec-0"
+        assert status == 200 and headers[SIM_SERVER] == "dec-0"
         if stream:
             events = sse_events(raw)
             assert events[-1] == "[DONE]"
@@ -294,7 +299,7 @@ async def recorder(answer: dict):
     seen: list[tuple[dict, str]] = []
 
     async def handle(request: web.Request) -> web.Response:
-        seen.append((await request.json(), request.headers.get("x-request-id", "")))
+        seen.append((await request.json(), request.headers.get(REQUEST_ID, "")))
         return web.json_response(answer)
 
     app = web.Application()
@@ -321,7 +326,12 @@ async def test_both_legs_exactly_and_one_request_id():
         body = {"model": "m", "prompt": "p", "stream": False, "stream_options": {"x": 1}}
         status, _, raw = await post(sc.url, body, {PD: prefill})
         chat = {"model": "m", "messages": [{"role": "user", "content": "c"}], "max_tokens": 9}
-        await post(sc.url, chat, {PD: prefill, "x-request-id": "cid"}, path="/v1/chat/completions")
+        await post(
+            sc.url,
+            chat,
+            {PD: prefill, REQUEST_ID: "cid"},
+            path="/v1/chat/completions",
+        )
     assert status == 200
     (p1, p1_id), (p2, p2_id) = prefill_seen
     (d1, d1_id), (d2, d2_id) = decode_seen
@@ -356,7 +366,10 @@ async def test_chat_goes_through_the_same_two_legs():
             "max_completion_tokens": 3,
         }
         status, _, raw = await post(
-            sc.url, body, {PD: f"127.0.0.1:{pre.port}"}, path="/v1/chat/completions"
+            sc.url,
+            body,
+            {PD: f"127.0.0.1:{pre.port}"},
+            path="/v1/chat/completions",
         )
         assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3
         assert pre.admin_state()["stats"]["kv_transfer"]["do_remote_decode"] == 1

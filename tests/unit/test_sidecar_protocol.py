@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from epp.headers import REQUEST_ID
 from epp.sidecar import protocol as p
 from epp.sidecar.allowlist import Allowlist, parse_hostport
 
@@ -69,9 +70,9 @@ def test_forwarded_headers_drop_hop_by_hop_host_length_and_the_pd_header():
         ("Transfer-Encoding", "chunked"),
         ("X-Prefiller-Host-Port", "1.2.3.4:5"),
         ("Authorization", "Bearer t"),
-        ("x-request-id", "r1"),
+        (REQUEST_ID, "r1"),
     ]
-    assert p.upstream_headers(headers) == [("Authorization", "Bearer t"), ("x-request-id", "r1")]
+    assert p.upstream_headers(headers) == [("Authorization", "Bearer t"), (REQUEST_ID, "r1")]
 
 
 def test_json_usage_rewrite():

@@ -19,7 +19,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.sim import SERVER_HEADER, SimCluster, SimConfig, SimServer, count_tokens
+from epp.headers import SIM_SERVER
+from epp.sim import SimCluster, SimConfig, SimServer, count_tokens
 from epp.sim.chat import render_default as render_chat
 
 # Fast enough that 16 tokens take ~2 ms of real time.
@@ -90,7 +91,7 @@ async def test_completion(http: aiohttp.ClientSession, sim: SimServer) -> None:
     body = {"model": "tiny", "prompt": "Hello, world!", "max_tokens": 5}
     status, data, resp = await post(http, sim, "/v1/completions", body)
     assert status == 200
-    assert resp.headers[SERVER_HEADER] == "sim-t"
+    assert resp.headers[SIM_SERVER] == "sim-t"
     assert "sim_server" not in data
     assert data["object"] == "text_completion"
     assert data["model"] == "tiny"
@@ -130,7 +131,7 @@ async def test_completion_stream(http: aiohttp.ClientSession, sim: SimServer) ->
     async with http.post(sim.url + "/v1/completions", json=body) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/event-stream")
-        assert resp.headers[SERVER_HEADER] == "sim-t"
+        assert resp.headers[SIM_SERVER] == "sim-t"
         events = await sse(resp)
     assert events[-1] == "[DONE]"
     tokens, usage = events[:-2], events[-2]
@@ -170,7 +171,7 @@ async def test_chat(http: aiohttp.ClientSession, sim: SimServer) -> None:
     body = {"model": "tiny", "messages": MESSAGES, "max_completion_tokens": 4}
     status, data, resp = await post(http, sim, "/v1/chat/completions", body)
     assert status == 200
-    assert resp.headers[SERVER_HEADER] == "sim-t"
+    assert resp.headers[SIM_SERVER] == "sim-t"
     assert data["object"] == "chat.completion"
     message = data["choices"][0]["message"]
     assert message["role"] == "assistant"
@@ -207,14 +208,14 @@ async def test_models_health_and_lora(http: aiohttp.ClientSession) -> None:
     config = SimConfig(model="base", lora_modules=("sql", "chat"), time_scale=10.0)
     async with SimServer("sim-l", config) as server:
         async with http.get(server.url + "/v1/models") as resp:
-            assert resp.headers[SERVER_HEADER] == "sim-l"
+            assert resp.headers[SIM_SERVER] == "sim-l"
             data = await resp.json()
         assert data["object"] == "list"
         assert [m["id"] for m in data["data"]] == ["base", "sql", "chat"]
         assert data["data"][1]["parent"] == "base"
         async with http.get(server.url + "/health") as resp:
             assert resp.status == 200
-            assert resp.headers[SERVER_HEADER] == "sim-l"
+            assert resp.headers[SIM_SERVER] == "sim-l"
         status, data, _ = await post(
             http, server, "/v1/completions", {"model": "sql", "prompt": "x", "max_tokens": 1}
         )
@@ -225,7 +226,7 @@ async def test_models_health_and_lora(http: aiohttp.ClientSession) -> None:
 async def test_errors(http: aiohttp.ClientSession, sim: SimServer) -> None:
     async with http.post(sim.url + "/v1/completions", data=b"{not json") as resp:
         assert resp.status == 400
-        assert resp.headers[SERVER_HEADER] == "sim-t"
+        assert resp.headers[SIM_SERVER] == "sim-t"
         err = (await resp.json())["error"]
         assert set(err) >= {"message", "type", "code"}
         assert err["code"] == 400
@@ -252,7 +253,7 @@ async def test_errors(http: aiohttp.ClientSession, sim: SimServer) -> None:
 
     async with http.get(sim.url + "/nope") as resp:
         assert resp.status == 404
-        assert resp.headers[SERVER_HEADER] == "sim-t"
+        assert resp.headers[SIM_SERVER] == "sim-t"
 
 
 # -- metrics -----------------------------------------------------------------------------
@@ -275,7 +276,7 @@ async def test_metrics_names_and_labels(http: aiohttp.ClientSession, sim: SimSer
     async with http.get(sim.url + "/metrics") as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
-        assert resp.headers[SERVER_HEADER] == "sim-t"
+        assert resp.headers[SIM_SERVER] == "sim-t"
         text = await resp.text()
     base = {"model_name": "tiny", "engine": "0"}
     for name in GAUGES + COUNTERS:
@@ -421,7 +422,7 @@ async def test_admin_fail_rate(http: aiohttp.ClientSession, sim: SimServer) -> N
     await post(http, sim, "/admin", {"fail_rate": 1.0})
     status, data, resp = await post(http, sim, "/v1/completions", {"prompt": "x"})
     assert status == 500
-    assert resp.headers[SERVER_HEADER] == "sim-t"
+    assert resp.headers[SIM_SERVER] == "sim-t"
     assert data["error"]["code"] == 500
 
     await post(http, sim, "/admin", {"fail_rate": 0.5})
@@ -494,7 +495,7 @@ async def test_cluster(http: aiohttp.ClientSession) -> None:
         cluster[1].set_faults(fail_rate=1.0)
         for server in cluster:
             status, _, resp = await post(http, server, "/v1/completions", {"prompt": "x"})
-            assert resp.headers[SERVER_HEADER] == server.name
+            assert resp.headers[SIM_SERVER] == server.name
             assert status == (500 if server.name == "sim-1" else 200)
         assert cluster.by_name("sim-2").stats.requests_succeeded == 1
 
@@ -534,7 +535,7 @@ async def test_cli_subprocess() -> None:
                 body = {"prompt": "hi", "max_tokens": 2}
                 async with http.post(url + "/v1/completions", json=body) as resp:
                     assert resp.status == 200
-                    assert resp.headers[SERVER_HEADER] == name
+                    assert resp.headers[SIM_SERVER] == name
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 5) == 0
     finally:

@@ -1,5 +1,6 @@
 """The ext_proc state machine, driven with exact protobufs and checked on exact protobufs."""
 
+import asyncio
 import json
 import random
 
@@ -12,7 +13,16 @@ from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
 from epp.extproc import messages as m
-from epp.extproc.stream import Phase, RequestStream
+from epp.extproc.stream import PARSE_OFF_LOOP_BYTES, Phase, RequestStream
+from epp.headers import (
+    DESTINATION_ENDPOINT,
+    DESTINATION_SUBSET,
+    LB_METADATA_NAMESPACE,
+    MODEL_REWRITE,
+    PREFILLER_HOST_PORT,
+    REQUEST_ID,
+    SUBSET_HINT_NAMESPACE,
+)
 from epp.scheduling.registry import Handle
 
 MODES = processing_mode_pb2.ProcessingMode
@@ -24,8 +34,12 @@ def make_director(n=2, models=None):
     if models is not None:
         for e in ds.endpoints():
             ds.set_models(e.name, models)
+    return director_for(ds), ds
+
+
+def director_for(ds: Datastore) -> Director:
     cfg = load_default_config(Handle(rng=random.Random(0)))
-    return Director(ds, cfg, random.Random(0)), ds
+    return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
 
 
 def headers_msg(headers: dict[str, str], eos=False, mode=MODES.FULL_DUPLEX_STREAMED, subset=None):
@@ -41,8 +55,8 @@ def headers_msg(headers: dict[str, str], eos=False, mode=MODES.FULL_DUPLEX_STREA
         protocol_config=pb.ProtocolConfiguration(request_body_mode=mode),
     )
     if subset is not None:
-        ns = msg.metadata_context.filter_metadata[m.SUBSET_NAMESPACE]
-        lst = ns.fields[m.SUBSET_KEY].list_value
+        ns = msg.metadata_context.filter_metadata[SUBSET_HINT_NAMESPACE]
+        lst = ns.fields[DESTINATION_SUBSET].list_value
         for s in subset:
             lst.values.add().string_value = s
     return msg
@@ -52,16 +66,16 @@ def body_msg(data: bytes, eos: bool):
     return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=eos))
 
 
-BASE_HEADERS = {":path": "/v1/completions", ":method": "POST", "x-request-id": "rid-7"}
+BASE_HEADERS = {":path": "/v1/completions", ":method": "POST", REQUEST_ID: "rid-7"}
 BODY = json.dumps({"model": "m", "prompt": "hello there"}).encode()
 
 
 def expected_headers_response(dest: str, extra: dict[str, str], length: int | None):
-    set_headers = {m.DESTINATION_HEADER: dest, **extra}
+    set_headers = {DESTINATION_ENDPOINT: dest, **extra}
     if length is not None:
         set_headers["content-length"] = str(length)
     return m.headers_response(
-        m.header_mutation(set_headers, [m.PREFILL_HEADER]),
+        m.header_mutation(set_headers, [PREFILLER_HOST_PORT]),
         clear_route_cache=True,
         metadata=m.destination_metadata([dest]),
     )
@@ -111,14 +125,14 @@ def test_large_body_is_returned_in_62000_byte_streamed_chunks():
 def test_client_routing_headers_are_overwritten_and_removed():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
-    hdrs = {**BASE_HEADERS, m.DESTINATION_HEADER: "6.6.6.6:1", m.PREFILL_HEADER: "6.6.6.6:2"}
+    hdrs = {**BASE_HEADERS, DESTINATION_ENDPOINT: "6.6.6.6:1", PREFILLER_HOST_PORT: "6.6.6.6:2"}
     s.handle(headers_msg(hdrs))
     out = s.handle(body_msg(BODY, True))
     mut = out[0].request_headers.response.header_mutation
-    dest = [h.header.raw_value for h in mut.set_headers if h.header.key == m.DESTINATION_HEADER]
+    dest = [h.header.raw_value for h in mut.set_headers if h.header.key == DESTINATION_ENDPOINT]
     assert dest[0] != b"6.6.6.6:1"
     assert mut.set_headers[0].append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-    assert list(mut.remove_headers) == [m.PREFILL_HEADER]
+    assert list(mut.remove_headers) == [PREFILLER_HOST_PORT]
 
 
 def test_request_id_generated_and_injected_when_absent():
@@ -130,13 +144,13 @@ def test_request_id_generated_and_injected_when_absent():
         h.header.key: h.header.raw_value.decode()
         for h in out[0].request_headers.response.header_mutation.set_headers
     }
-    assert keys["x-request-id"] == s.request.request_id and len(keys["x-request-id"]) == 36
+    assert keys[REQUEST_ID] == s.request.request_id and len(keys[REQUEST_ID]) == 36
 
 
 def test_model_rewrite_changes_body_and_content_length():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
-    s.handle(headers_msg({**BASE_HEADERS, "x-gateway-model-name-rewrite": "m-longer-name"}))
+    s.handle(headers_msg({**BASE_HEADERS, MODEL_REWRITE: "m-longer-name"}))
     out = s.handle(body_msg(BODY, True))
     new_body = out[1].request_body.response.body_mutation.streamed_response.body
     assert json.loads(new_body)["model"] == "m-longer-name"
@@ -213,7 +227,7 @@ def test_subset_hint_restricts_and_empty_subset_is_503():
 
 def test_no_endpoints_is_503():
     ds = Datastore(require_metrics=False)
-    director = Director(ds, load_default_config(), random.Random(0))
+    director = director_for(ds)
     s = RequestStream(director, 1 << 20)
     s.handle(headers_msg(BASE_HEADERS))
     (resp,) = s.handle(body_msg(BODY, True))
@@ -228,7 +242,7 @@ def test_unhealthy_endpoints_are_skipped_while_a_healthy_one_exists():
     ds.update_metrics("a", EndpointMetrics(update_time=100.0))
     ds.update_metrics("b", EndpointMetrics(update_time=100.0))
     ds.mark_scrape_failed("b", "connection refused")
-    director = Director(ds, load_default_config(), random.Random(0))
+    director = director_for(ds)
     for _ in range(10):
         s = RequestStream(director, 1 << 20)
         s.handle(headers_msg(BASE_HEADERS))
@@ -250,17 +264,17 @@ def test_buffered_mode_answers_headers_first_then_routes_on_body():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
     (first,) = s.handle(
-        headers_msg({**BASE_HEADERS, m.DESTINATION_HEADER: "6.6.6.6:1"}, mode=MODES.BUFFERED)
+        headers_msg({**BASE_HEADERS, DESTINATION_ENDPOINT: "6.6.6.6:1"}, mode=MODES.BUFFERED)
     )
     assert first == m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))
     (resp,) = s.handle(body_msg(BODY, True))
     common = resp.request_body.response
     assert common.clear_route_cache
-    assert common.header_mutation.set_headers[0].header.key == m.DESTINATION_HEADER
+    assert common.header_mutation.set_headers[0].header.key == DESTINATION_ENDPOINT
     assert not common.HasField("body_mutation")  # body unchanged: no mutation
     assert (
-        resp.dynamic_metadata.fields["envoy.lb"]
-        .struct_value.fields[m.DESTINATION_HEADER]
+        resp.dynamic_metadata.fields[LB_METADATA_NAMESPACE]
+        .struct_value.fields[DESTINATION_ENDPOINT]
         .string_value
     )
 
@@ -298,3 +312,84 @@ def test_response_phases_pass_through():
     assert s.handle(pb.ProcessingRequest(response_trailers=pb.HttpTrailers())) == [
         pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
     ]
+
+
+# ---- large bodies: parsed in a worker thread ------------------------------------------
+LARGE = json.dumps({"model": "m", "prompt": "tell me a story " * 20_000}).encode()  # 320 KB
+
+
+async def run_counting_yields(stream: RequestStream, msgs) -> tuple[list, int]:
+    """Feed `msgs` through handle_async; count the loop turns another task got meanwhile
+    (0 means the whole stream ran without giving the loop back)."""
+    turns = 0
+    done = False
+
+    async def other_stream():
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_stream())
+    await asyncio.sleep(0)
+    start = turns
+    out = []
+    for msg in msgs:
+        out += await stream.handle_async(msg)
+    done = True
+    await task
+    return out, turns - start
+
+
+@pytest.mark.parametrize(
+    ("extra", "body", "trailers"),
+    [
+        ({}, LARGE, False),
+        ({MODEL_REWRITE: "m-longer-name"}, LARGE, False),  # re-serialised in the thread too
+        ({}, LARGE, True),  # the body ends with trailers, not end_of_stream
+        ({}, b"{" + b" " * (PARSE_OFF_LOOP_BYTES + 1), False),  # invalid JSON: the same 400
+    ],
+)
+async def test_a_large_body_is_parsed_off_the_loop_with_the_same_answer(extra, body, trailers):
+    assert len(body) > PARSE_OFF_LOOP_BYTES
+    tail = [body_msg(body, False), pb.ProcessingRequest(request_trailers=pb.HttpTrailers())]
+    msgs = [headers_msg({**BASE_HEADERS, **extra}), *(tail if trailers else [body_msg(body, True)])]
+    sync_director, _ = make_director()
+    sync_stream = RequestStream(sync_director, 1 << 20)
+    expected = [r for msg in msgs for r in sync_stream.handle(msg)]
+    async_director, _ = make_director()
+    got, turns = await run_counting_yields(RequestStream(async_director, 1 << 20), msgs)
+    assert got == expected
+    assert turns >= 1  # the loop ran something else while the body was parsed
+
+
+async def test_a_small_body_is_parsed_on_the_loop():
+    director, _ = make_director()
+    msgs = [headers_msg(BASE_HEADERS), body_msg(BODY, True)]
+    got, turns = await run_counting_yields(RequestStream(director, 1 << 20), msgs)
+    assert got[0].HasField("request_headers")
+    assert turns == 0  # no hand-off for a body this small
+
+
+async def test_a_body_over_the_limit_is_refused_before_any_parse():
+    director, _ = make_director()
+    stream = RequestStream(director, PARSE_OFF_LOOP_BYTES + 10)
+    msgs = [headers_msg(BASE_HEADERS), body_msg(LARGE, True)]
+    (resp,), turns = await run_counting_yields(stream, msgs)
+    assert resp.immediate_response.status.code == 413
+    assert turns == 0
+
+
+def test_an_unexpected_error_outside_any_plugin_is_a_clean_immediate_response():
+    # Nesting 100,000 deep makes json.loads raise RecursionError, which the parser does not
+    # expect (issue 13 §1e will make it a 400): the stream still answers, it does not raise.
+    director, ds = make_director()
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg(BASE_HEADERS))
+    deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    (resp,) = s.handle(body_msg(deep, True))
+    assert resp.immediate_response.status.code in (400, 500)
+    assert json.loads(resp.immediate_response.body)["error"]["message"]
+    assert s.phase is Phase.REJECTED
+    s.close()
+    assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())

@@ -1,0 +1,28 @@
+"""Names on the wire that the gateway, the EPP, the sidecar and the simulator agree on.
+
+Defined once here and imported everywhere, so a rename cannot leave one side behind.
+Sources: GIE `pkg/epp/metadata/consts.go` (destination endpoint, subset hint, objective,
+fairness id, model rewrite), llm-d `pkg/common` (prefiller host:port), llm-d's
+session-affinity scorer (session token).
+"""
+
+from __future__ import annotations
+
+# Request headers the EPP reads.
+REQUEST_ID = "x-request-id"
+OBJECTIVE = "x-gateway-inference-objective"
+FAIRNESS_ID = "x-gateway-inference-fairness-id"
+MODEL_REWRITE = "x-gateway-model-name-rewrite"
+SESSION_TOKEN = "x-session-token"  # session-affinity-scorer's default `headerName`
+
+# Headers (and dynamic-metadata keys) the EPP sets for Envoy and the model servers.
+DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
+PREFILLER_HOST_PORT = "x-prefiller-host-port"  # read by the decode-side sidecar
+
+# Envoy dynamic metadata: where the EPP writes its pick, where the gateway's subset hint is.
+LB_METADATA_NAMESPACE = "envoy.lb"
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
+
+# Response header naming the simulator replica that answered (`epp sim`).
+SIM_SERVER = "x-sim-server"
