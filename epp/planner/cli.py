@@ -396,12 +396,14 @@ def _profile(args: argparse.Namespace, base: Any, setup: cmp.Setup, say: _Say) -
     if args.planner and Path(base.planner.profile_results_dir).is_dir():
         return load_profile(base.planner.profile_results_dir)
     say(f"profiling {setup.shape.sim.preset} in virtual time for the SLA policies ...")
-    return _virtual_profile(setup.shape.sim.preset, setup.sla, say.quiet)
+    return _virtual_profile(setup, say.quiet)
 
 
-def _virtual_profile(preset: str, sla: Sla, quiet: bool) -> Any:
+def _virtual_profile(setup: cmp.Setup, quiet: bool) -> Any:
     """`epp profile --virtual-preset PRESET` in-process: the preset's own scheduler in
-    virtual time, no sockets (the profiler's sweep, the planner's interpolators)."""
+    virtual time, no sockets (the profiler's sweep, the planner's interpolators). The
+    sweep's target lengths are the trace's median ISL and OSL, within the model's
+    length; a toy preset (under 4k tokens) gets the profiler's quick sweep."""
     try:
         import asyncio
 
@@ -415,13 +417,24 @@ def _virtual_profile(preset: str, sla: Sla, quiet: bool) -> Any:
     except ImportError:
         raise UsageError(
             "the SLA policies (epp, dynamo) need a profile and the profiler is not in this "
-            f"build: give --profile DIR (epp profile --virtual-preset {preset} -o DIR)"
+            f"build: give --profile DIR (epp profile --virtual-preset {setup.shape.sim.preset}"
+            " -o DIR)"
         ) from None
-    target = VirtualTarget.for_preset(preset)
+    sim = setup.shape.sim
+    preset, sla, model_len = sim.preset, setup.sla, sim.model_len
+    isl = max(1, min(setup.median_isl, model_len // 2))
+    osl = max(2, min(setup.median_osl, model_len // 4))
+    context = min(model_len, SweepSettings().max_context_length)
+    quick = model_len < 4096
+    settings = (
+        SweepSettings.quick(isl=isl, osl=osl, max_context_length=context, decode_osl=osl)
+        if quick
+        else SweepSettings(isl=isl, osl=osl, max_context_length=context)
+    )
     report = asyncio.run(
         profile(
-            [target],
-            SweepSettings(),
+            [VirtualTarget.for_preset(preset)],
+            settings,
             ProfilerSla(sla.ttft_ms, sla.itl_ms),
             ProgressBar(enabled=not quiet),
         )

@@ -52,6 +52,8 @@ class Setup:
     peak: Sizing  # sized on the busiest intervals
     mean: Sizing
     budget_gpus: int | None = None  # the planners' GPU budget (None: unbounded)
+    median_isl: int = 1  # of the trace: what a profile of the server should target
+    median_osl: int = 1
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,9 @@ def prepare(
         sla = sizer.default_sla(interval_s)
     peak = sizer.smallest_for_all(sla, peak_segments(arrivals, interval_s))
     mean = sizer.smallest_pool(sla, mean_segment(arrivals, interval_s))
-    return Setup(shape, sla, picked, interval_s, peak, mean)
+    isl = sorted(a.isl for a in arrivals)[len(arrivals) // 2]
+    osl = sorted(a.osl for a in arrivals)[len(arrivals) // 2]
+    return Setup(shape, sla, picked, interval_s, peak, mean, median_isl=isl, median_osl=osl)
 
 
 def run_policy(
