@@ -189,6 +189,8 @@ class ChatTemplate:
                 "continue_final_message and add_generation_prompt cannot both be true"
             )
         field = field if isinstance(field, str) else "content"
+        if field not in self.source:  # transformers refuses the same way
+            raise TemplateRenderError(f"continue_final_message: the template never uses {field!r}")
         chat = copy.deepcopy(chat)
         final = chat[-1].get(field)
         if final is None:
