@@ -31,6 +31,7 @@ too, which makes it small.
 
     .venv/bin/epp bench routing                      # all setups, default stages
     .venv/bin/epp bench routing --setups rr,epp-precise --rates 20,60 --stage-s 10
+    .venv/bin/epp bench routing --real-vllm          # real vLLM servers instead (routing_real.py)
 
 Per stage (requests are assigned to the stage they arrive in): output tokens/s (tokens
 received during the stage), TTFT p50/p90/p99 (first SSE chunk), prefix-cache hit rate
@@ -441,6 +442,20 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
 # ---------------------------------------------------------------- main
 
 
+def load_sibling(name: str):
+    """Another module of bench/ (not a package), loaded by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"epp_bench_{name}", ROOT / "bench" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="epp bench routing", description=__doc__.splitlines()[0])
     add_arguments(p)
@@ -482,6 +497,8 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
 
 
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    if argv is not None and "--real-vllm" in argv:  # real servers: bench/routing_real.py
+        return load_sibling("routing_real").main([a for a in argv if a != "--real-vllm"])
     args = args or parse_args(argv)
     reqs = workload(args)
     sys.stderr.write(
