@@ -39,6 +39,7 @@ from epp.request import new_request, parse_body
 from epp.scheduling.registry import Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.approx_producer import ApproxPrefixCacheProducer, ApproxPrefixParams
+from plugins.prefix.match_info import PREFIX_MATCH_KEY
 from plugins.prefix.precise_producer import PrecisePrefixCacheProducer, PrecisePrefixParams
 from tests.real_vllm.conftest import (
     BLOCK_SIZE,
@@ -148,6 +149,8 @@ class Epp:
         ties = [s for s in self.snaps if precise.matched.get(s.name, 0.0) == best]
         pick = ties[self.turn % len(ties)]
         self.turn += 1
+        # What the scheduler does: the producer's output under its key, then pre-request.
+        state.write(PREFIX_MATCH_KEY, approx)
         result = SchedulingResult({"p": ProfileResult([pick])}, "p", cycle_state=state)
         self.approx.pre_request(req, result)
         ids = state.read("prompt-tokens:" + self.precise.tokenizer.name)
