@@ -5,7 +5,7 @@ DIR is a model directory with tokenizer.json and a chat template; by default the
 model of the real-vLLM tier (`.venv-vllm/models/tiny-llama`, `make test-vllm` writes it),
 else a byte-level BPE trained here on this file's text, with that model's template.
 
-Measured side by side, in one process, on the same requests (a multi-turn chat of about
+CPU time (not wall time) per request, medians, measured side by side, in one process, on the same requests (a multi-turn chat of about
 N tokens: a long system prompt, then alternating user/assistant turns):
 
 - before: the plain rendering (`epp.request.render_chat`) tokenized — once per producer
@@ -71,11 +71,13 @@ def chat_body(tokens: int, turns: int) -> bytes:
 
 
 def median_us(fn, n: int) -> float:
+    """Median CPU time per call (process time: on a loaded shared machine wall time is
+    mostly waiting for a core, several times the work itself)."""
     times = []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times) * 1e6
 
 
@@ -89,6 +91,7 @@ def main() -> None:
         tok = HFTokenizer(model)
         assert tok.chat_template is not None, f"{model} has no chat template"
         print(f"model {model}")
+        print("CPU time per request, median of", args.iterations)
         print("prompt tokens | before: plain x2 (us) | template x1 (us) | shared read (us) | ratio")
         for tokens, turns in ((512, 4), (4096, 10), (16384, 20)):
             raw = chat_body(tokens, turns)

@@ -77,6 +77,12 @@ TOOLS = [
 ]
 
 
+# tool_choice "none": the servers run without a tool-call parser, which "auto" (the
+# default when tools are given) needs; the tools are still rendered into the prompt
+# (vLLM drops them only with --exclude-tools-when-tool-choice-none).
+WITH_TOOLS = {"tools": TOOLS, "tool_choice": "none"}
+
+
 def requests(nonce: str) -> list[tuple[str, dict]]:
     """(path, body) pairs that share prefixes in the ways real clients do."""
     doc = f"[{nonce}] " + SYSTEM * 3
@@ -110,15 +116,15 @@ def requests(nonce: str) -> list[tuple[str, dict]]:
         (COMPLETIONS, {"prompt": doc + "First question: how long is the queue?"}),
         (COMPLETIONS, {"prompt": doc + "Second question: which server has free blocks?"}),
         (COMPLETIONS, {"prompt": doc + "First question: how long is the queue?"}),
-        (CHAT, {"messages": turn1, "tools": TOOLS}),
-        (CHAT, {"messages": turn2, "tools": TOOLS}),
-        (CHAT, {"messages": turn3, "tools": TOOLS, "chat_template_kwargs": {"x": 1}}),
-        (CHAT, {"messages": turn2, "tools": TOOLS}),  # a retry: fully cached but the tail
+        (CHAT, {"messages": turn1, **WITH_TOOLS}),
+        (CHAT, {"messages": turn2, **WITH_TOOLS}),
+        (CHAT, {"messages": turn3, **WITH_TOOLS, "chat_template_kwargs": {"x": 1}}),
+        (CHAT, {"messages": turn2, **WITH_TOOLS}),  # a retry: fully cached but the tail
         (
             CHAT,
             {
                 "messages": [*turn2, {"role": "assistant", "content": "The second"}],
-                "tools": TOOLS,
+                **WITH_TOOLS,
                 "add_generation_prompt": False,
                 "continue_final_message": True,
             },
