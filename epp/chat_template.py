@@ -18,8 +18,11 @@ renders `/v1/chat/completions` like this, and `ChatTemplate.render` follows it s
 3. template kwargs = the tokenizer's special tokens (`bos_token`, `eos_token`, ... as
    strings: transformers' `special_tokens_map`), then the request's
    `chat_template_kwargs`, then `add_generation_prompt` (default true),
-   `continue_final_message`, `documents`, `reasoning_effort` (vLLM's
-   `build_chat_params`: request fields win over chat_template_kwargs unless None).
+   `continue_final_message`, `documents`, `reasoning_effort` (and `enable_thinking` =
+   effort != "none" unless the kwargs set it) — vLLM's `build_chat_params`: request
+   fields win over chat_template_kwargs unless None. A server's own
+   `--chat-template` / `--default-chat-template-kwargs` are not visible to the EPP: point
+   `tokenizer:` at a directory holding the template the server uses.
 4. render in transformers' Jinja environment (`utils/chat_template_utils.py`: sandboxed,
    trim_blocks, lstrip_blocks, loopcontrols, its own `tojson`, `raise_exception`,
    `strftime_now`), with transformers' `continue_final_message` trick (a tag appended to
@@ -162,6 +165,9 @@ class ChatTemplate:
             "documents": body.get("documents"),
             "reasoning_effort": body.get("reasoning_effort"),
         }
+        effort = body.get("reasoning_effort")
+        if effort is not None and not (isinstance(user, Mapping) and "enable_thinking" in user):
+            extra["enable_thinking"] = effort != "none"  # vLLM: thinking on when asked for
         kwargs.update({k: v for k, v in extra.items() if v is not None and v != "auto"})
         tools = body.get("tools")
         tool_schemas = [_tool(t) for t in tools] if isinstance(tools, list) else None

@@ -227,3 +227,16 @@ def test_cached_tokens_never_include_the_last_prompt_token():
     assert PrefixMatchInfo(3, 32, {"a": 2.0}, {"a": 2}, prompt_tokens=70).cached_tokens("a") == 64
     # Character-cut prompts (prompt_tokens 0) are not capped.
     assert PrefixMatchInfo(2, 32, {"a": 2.0}, {"a": 2}).cached_tokens("a") == 64
+
+
+def test_reasoning_effort_turns_thinking_on_unless_the_kwargs_say_otherwise():
+    t = ChatTemplate("{% if enable_thinking %}T{% else %}F{% endif %}", SPECIALS)
+    msgs = [{"role": "user", "content": "U"}]
+    assert t.render({"messages": msgs}) == "F"
+    assert t.render({"messages": msgs, "reasoning_effort": "high"}) == "T"
+    assert t.render({"messages": msgs, "reasoning_effort": "none"}) == "F"
+    kwargs = {"enable_thinking": False}
+    assert (
+        t.render({"messages": msgs, "reasoning_effort": "high", "chat_template_kwargs": kwargs})
+        == "F"
+    )
