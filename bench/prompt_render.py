@@ -5,8 +5,9 @@ DIR is a model directory with tokenizer.json and a chat template; by default the
 model of the real-vLLM tier (`.venv-vllm/models/tiny-llama`, `make test-vllm` writes it),
 else a byte-level BPE trained here on this file's text, with that model's template.
 
-CPU time (not wall time) per request, medians, measured side by side, in one process, on the same requests (a multi-turn chat of about
-N tokens: a long system prompt, then alternating user/assistant turns):
+CPU time (not wall time) per request, medians, measured side by side in one process on
+the same requests (a multi-turn chat of about N tokens: a long system prompt, then
+alternating user/assistant turns):
 
 - before: the plain rendering (`epp.request.render_chat`) tokenized — once per producer
   that needs ids (approx and precise in one EPP: twice);

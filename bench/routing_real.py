@@ -102,6 +102,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=3)
     p.add_argument("--output-tokens", type=int, default=4)
     p.add_argument("--num-blocks", type=int, default=64, help="KV blocks per server (x32 tokens)")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=1024,
+        help="at most (num-blocks - 1) x 32: vLLM keeps one block back and refuses to start",
+    )
+    p.add_argument("--run-dir", help="keep the servers' logs here (default: a temporary dir)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--model-dir", default=str(ROOT / ".venv-vllm" / "models" / "tiny-llama"))
@@ -112,6 +119,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [s for s in args.setups if s not in SETUPS]
     if bad:
         p.error(f"unknown setups {bad}; known: {SETUPS}")
+    if args.max_model_len > (args.num_blocks - 1) * BLOCK:
+        p.error(
+            f"--max-model-len {args.max_model_len} needs more than --num-blocks {args.num_blocks}"
+        )
     if not Path(args.python).is_file():
         p.error(f"no vLLM python at {args.python}: run `make test-vllm` first")
     if not (Path(args.model_dir) / "tokenizer.json").is_file():
@@ -170,7 +181,7 @@ def start_servers(pg: ProcessGroup, args: argparse.Namespace, kv_port: int) -> l
         argv = [
             args.python, str(SERVE), "--model", args.model_dir, "--served-model-name", MODEL,
             "--port", str(port), "--block-size", str(BLOCK), "--max-num-seqs", "16",
-            "--max-model-len", "2048", "--kv-events", f"tcp://127.0.0.1:{kv_port}",
+            "--max-model-len", str(args.max_model_len), "--kv-events", f"tcp://127.0.0.1:{kv_port}",
             "--cpus", str(i % max(1, os.cpu_count() or 1)),
             "--", "--num-gpu-blocks-override", str(args.num_blocks),
         ]  # fmt: skip
@@ -269,7 +280,7 @@ def main(argv: list[str]) -> int:
     tok = HFTokenizer(args.model_dir)
     rows = []
     kv_port = free_port()
-    with ProcessGroup(grace_s=20.0) as servers:
+    with ProcessGroup(args.run_dir, grace_s=20.0) as servers:
         t0 = time.monotonic()
         ports = start_servers(servers, args, kv_port)
         sys.stderr.write(f"{args.servers} vLLM servers ready in {time.monotonic() - t0:.0f} s\n")
