@@ -1,8 +1,9 @@
 """`epp serve`: the endpoint picker process.
 
-Wires the pieces: endpoints (file and flags) → datastore, the metrics scraper filling
-it, the config's scheduler behind a director, the ext_proc and health gRPC servers and
-the Prometheus /metrics endpoint. `EppServer` is the same thing in-process, for tests.
+Wires the pieces: endpoints (file and flags, or Kubernetes discovery) → datastore, the
+metrics scraper filling it, the config's scheduler behind a director, the ext_proc and
+health gRPC servers and the Prometheus /metrics endpoint. `EppServer` is the same thing
+in-process, for tests.
 """
 
 from __future__ import annotations
@@ -20,15 +21,24 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.completion import ResponseObserver
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
+from epp.datalayer import k8s_cli
 from epp.datalayer.endpoints_file import (
     EndpointsError,
     load_endpoints_file,
     parse_endpoint_args,
     watch_endpoints_file,
 )
+from epp.datalayer.k8s_discovery import (
+    KubeConfigError,
+    KubernetesDiscovery,
+    KubeSource,
+    load_api_client,
+)
+from epp.datalayer.k8s_pods import PoolSpecError
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import Director
@@ -57,6 +67,11 @@ class ServeOptions:
     # `extra_endpoints` (from --endpoint flags) stay beside it.
     watch_file: str | None = None
     extra_endpoints: list[Endpoint] = field(default_factory=list)
+    # Kubernetes discovery (--pool-name / --endpoint-selector): it owns the pool.
+    kubernetes: KubeSource | None = None
+    # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
+    # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
+    response_path: bool = True
 
 
 class EppServer:
@@ -78,10 +93,15 @@ class EppServer:
         self.director = Director(
             self.datastore, self.config.scheduler, self.config.pre_request, rng
         )
+        # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
+        self.observer = (
+            ResponseObserver(self.config.post_response) if options.response_path else None
+        )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
         self._watch: asyncio.Task | None = None
+        self.discovery: KubernetesDiscovery | None = None
         self._runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.health_port = 0
@@ -96,12 +116,24 @@ class EppServer:
             self.scraper.start()
         for plugin in self._lifecycle:
             await plugin.start()
+        if o.kubernetes is not None:
+            # In a thread: importing the client's API classes takes seconds of CPU.
+            self.discovery = await asyncio.to_thread(
+                KubernetesDiscovery, o.kubernetes, self.datastore
+            )
+            await self.discovery.start()
         if o.watch_file:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
             )
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
-            self.director, self.datastore, o.host, o.grpc_port, o.health_port, o.max_body_bytes
+            self.director,
+            self.datastore,
+            o.host,
+            o.grpc_port,
+            o.health_port,
+            o.max_body_bytes,
+            self.observer,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -129,6 +161,9 @@ class EppServer:
         )
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
+            self.discovery = None
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
@@ -177,6 +212,7 @@ async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[
                 "kv_cache_usage": s.metrics.kv_cache_usage,
                 "inflight_requests": s.inflight_requests,
                 "inflight_tokens": s.inflight_tokens,
+                "inflight_prefill_tokens": s.inflight_prefill_tokens,
             }
             for s in ds.snapshot()
         ]
@@ -238,8 +274,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an endpoint whose last good scrape is older is unhealthy (2.0)",
     )
     p.add_argument("--scrape-timeout", type=float, default=1.0, metavar="SECONDS", help="(1.0)")
+    k8s_cli.add_arguments(p)
     p.add_argument(
-        "--pool-name", default="default", help="the name label of inference_pool_* gauges"
+        "--response-path",
+        choices=["on", "off"],
+        default="on",
+        help="measure responses (TTFT, ITL, usage, metrics, PostResponse plugins) and hold "
+        "in-flight counts until each response ends (on, the default; Envoy must send the "
+        "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
+        "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
     )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -268,6 +311,9 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
     if args.max_body_bytes <= 0:
         raise ConfigError("", "--max-body-bytes must be > 0")
+    kube = k8s_cli.source_from_args(args)
+    if kube is not None:
+        load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
     opts = ServeOptions(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -277,10 +323,12 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         refresh_metrics_interval=args.refresh_metrics_interval,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         scrape_timeout=args.scrape_timeout,
-        pool_name=args.pool_name,
+        pool_name=args.pool_name or "default",
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
+        kubernetes=kube,
+        response_path=args.response_path == "on",
     )
     return opts, config
 
@@ -291,11 +339,14 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError, PluginImportError) as e:
+    except (ConfigError, EndpointsError, PluginImportError, PoolSpecError, KubeConfigError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
-    if not opts.endpoints and not opts.watch_file:
-        log.warning("no endpoints given (--endpoints/--endpoint): every request will get 503")
+    if not opts.endpoints and not opts.watch_file and opts.kubernetes is None:
+        log.warning(
+            "no endpoints given (--endpoints/--endpoint/--pool-name/--endpoint-selector):"
+            " every request will get 503"
+        )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(opts, config, args.seed))
     return 0
@@ -305,10 +356,10 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
     server = EppServer(opts, config, seed)
     await server.start()
     log.info("%s", config.describe())
+    pool = opts.kubernetes.describe() if opts.kubernetes else f"{len(opts.endpoints)} endpoints"
     print(
         f"epp serving ext_proc on {opts.host}:{server.grpc_port} "
-        f"(health {server.health_port}, metrics {server.metrics_port}) "
-        f"with {len(opts.endpoints)} endpoints",
+        f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
     stop = asyncio.Event()
