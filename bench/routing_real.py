@@ -16,7 +16,8 @@ long system prompt; each request is a chat [system, user question] with one of
 server keeps its own groups, but not all on one server: spreading a group re-prefills it.
 
 Setups: `rr` Envoy ROUND_ROBIN alone; `epp-load` Envoy + EPP, queue + kv-cache scorers;
-`epp-approx` config/prefix-aware.yaml with `tokenizer:` the model directory;
+`epp-approx` config/prefix-weighted.yaml (prefix 3, queue 2, KV 2) with `tokenizer:`
+the model directory;
 `epp-precise` config/precise-prefix.yaml, the same tokenizer, bound where the servers
 publish their KV events.
 
@@ -196,9 +197,11 @@ def config_for(setup: str, tmp: Path, args: argparse.Namespace, kv_port: int) ->
     if setup == "epp-load":
         path.write_text(LOAD_CONFIG)
     elif setup == "epp-approx":
-        text = (ROOT / "config" / "prefix-aware.yaml").read_text()
-        text = text.replace("# tokenizer: simple", f"tokenizer: {args.model_dir}")
-        assert args.model_dir in text
+        # The weighted blend (prefix 3, queue 2, KV 2), as measured in docs/BENCHMARKS.md.
+        text = (ROOT / "config" / "prefix-weighted.yaml").read_text()
+        anchor = "- type: approx-prefix-cache-producer\n  parameters:\n"
+        assert anchor in text, "config/prefix-weighted.yaml changed shape"
+        text = text.replace(anchor, f"{anchor}    tokenizer: {args.model_dir}\n")
         path.write_text(text)
     else:
         text = (ROOT / "config" / "precise-prefix.yaml").read_text()
