@@ -39,6 +39,7 @@ too, which makes it small.
     .venv/bin/epp bench routing                      # all setups, default stages
     .venv/bin/epp bench routing --setups rr,epp-precise --rates 20,60 --stage-s 10
     .venv/bin/epp bench routing --matrix all --stage-s 8 --warmup-s 4 --plot m.png
+    .venv/bin/epp bench routing --real-vllm          # real vLLM servers instead (routing_real.py)
 
 Per run, the simulators' and the EPP's CPU (cores, from /proc over the run) are recorded
 too (`--scrape-interval`, `--scrape-max-interval` set the EPP's scraping).
@@ -567,6 +568,20 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
 # ---------------------------------------------------------------- main
 
 
+def load_sibling(name: str):
+    """Another module of bench/ (not a package), loaded by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"epp_bench_{name}", ROOT / "bench" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="epp bench routing", description=__doc__.splitlines()[0])
     add_arguments(p)
@@ -736,6 +751,8 @@ def describe(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    if argv is not None and "--real-vllm" in argv:  # real servers: bench/routing_real.py
+        return load_sibling("routing_real").main([a for a in argv if a != "--real-vllm"])
     args = args or parse_args(argv)
     scenarios = args.matrix or [args.scenario]
     rows: list[dict] = []
