@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.admission import Admission, Objectives, load_objectives_file
 from epp.completion import ResponseObserver
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
@@ -72,6 +73,8 @@ class ServeOptions:
     # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
     # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
     response_path: bool = True
+    # Objective name → priority (--objectives); priority < 0 is shed (429) when saturated.
+    objectives: Objectives = field(default_factory=Objectives)
 
 
 class EppServer:
@@ -91,7 +94,11 @@ class EppServer:
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
         self.director = Director(
-            self.datastore, self.config.scheduler, self.config.pre_request, rng
+            self.datastore,
+            self.config.scheduler,
+            self.config.pre_request,
+            rng,
+            Admission(self.config.saturation_detector, options.objectives),
         )
         # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
         self.observer = (
@@ -284,6 +291,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
         "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
     )
+    p.add_argument(
+        "--objectives",
+        metavar="FILE",
+        help="objectives file (`objectives: [{name, priority}]` or InferenceObjective "
+        "documents): x-gateway-inference-objective → priority; priority < 0 is sheddable "
+        "(429 while the saturation detector says the pool is saturated)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -329,6 +343,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         extra_endpoints=flagged,
         kubernetes=kube,
         response_path=args.response_path == "on",
+        objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),
     )
     return opts, config
 

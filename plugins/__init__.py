@@ -12,6 +12,7 @@ from __future__ import annotations
 from epp.scheduling.registry import Registry
 
 BUILTIN_MODULES: tuple[str, ...] = (
+    "plugins.admission.detectors",
     "plugins.datalayer.sources",
     "plugins.deciders.always",
     "plugins.deciders.prefix_based",
