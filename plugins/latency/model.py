@@ -100,6 +100,10 @@ class Coefficients:
     ttft_by_endpoint: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     tpot_by_endpoint: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     samples: int = 0
+    # Mean absolute percentage error of the fitted models on the samples (NaN: no fit),
+    # the accuracy the refit logs.
+    ttft_mape: float = math.nan
+    tpot_mape: float = math.nan
 
 
 def _dot(w: Sequence[float], x: Sequence[float]) -> float:
@@ -144,13 +148,26 @@ def fit(samples: Sequence[Sample], min_samples: int, ridge: float = 1e-4) -> Coe
     all_tpot = [r for rows in tpot_rows.values() for r in rows]
     by_ttft = {k: w for k, v in ttft_rows.items() if (w := _fit_one(v, min_samples, ridge))}
     by_tpot = {k: w for k, v in tpot_rows.items() if (w := _fit_one(v, min_samples, ridge))}
+    ttft, tpot = _fit_one(all_ttft, min_samples, ridge), _fit_one(all_tpot, min_samples, ridge)
     return Coefficients(
-        ttft=_fit_one(all_ttft, min_samples, ridge),
-        tpot=_fit_one(all_tpot, min_samples, ridge),
+        ttft=ttft,
+        tpot=tpot,
         ttft_by_endpoint=by_ttft,
         tpot_by_endpoint=by_tpot,
         samples=len(samples),
+        ttft_mape=_mape(ttft_rows, by_ttft, ttft),
+        tpot_mape=_mape(tpot_rows, by_tpot, tpot),
     )
+
+
+def _mape(rows_by_endpoint, by_endpoint, pool) -> float:
+    errors = []
+    for name, rows in rows_by_endpoint.items():
+        w = by_endpoint.get(name) or pool
+        if w is None:
+            continue
+        errors += [abs(max(0.0, _dot(w, x)) - y) / y for x, y in rows if y > 0]
+    return float(np.mean(errors)) if errors else math.nan
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ XGBoost / Bayesian-ridge sidecars over HTTP; this one fits a linear model in-pro
   expected output tokens are not a feature: TPOT is per token); a few multiplications each;
 - post_response (request loop, once per finished request): one `Sample` into a bounded
   ring buffer: the features the primary endpoint was routed with (its snapshot at pick,
-  the prompt minus the tokens the server reported cached) and the measured TTFT / ITL;
+  the prompt estimate less the share the server reported cached) and the measured
+  TTFT / ITL;
 - start/stop (server lifecycle): an asyncio task that every `refitIntervalSeconds`, if
   new samples arrived, refits in a worker thread (`asyncio.to_thread`) and swaps the
   coefficients in by one assignment. Outside a server `refit()` does it synchronously.
@@ -128,7 +129,11 @@ class PredictedLatencyProducer(Plugin):
             return
         if math.isnan(response.ttft_ms) and math.isnan(response.itl_ms):
             return
-        uncached = max(0, response.isl - response.cached_tokens)
+        # In the units produce() uses (the EPP's prompt estimate), whatever the server's
+        # tokenizer counts: the estimate scaled by the share the server did not have cached.
+        prompt = request.prompt_tokens_estimate
+        share = 1.0 - response.cached_tokens / response.isl if response.isl > 0 else 1.0
+        uncached = round(prompt * min(1.0, max(0.0, share)))
         self.buffer.add(
             Sample(
                 endpoint.name,
@@ -154,9 +159,19 @@ class PredictedLatencyProducer(Plugin):
             self._fitted_at = self.buffer.added
             samples = self.buffer.copy()
             try:
-                self.coefficients = await asyncio.to_thread(fit, samples, self.params.min_samples)
+                coef = await asyncio.to_thread(fit, samples, self.params.min_samples)
             except Exception:  # a singular fit must not end learning for good
                 log.exception("latency model refit failed; keeping the previous fit")
+                continue
+            self.coefficients = coef
+            log.info(
+                "latency model refit on %d samples (%d endpoints): in-sample MAPE "
+                "TTFT %.1f %%, TPOT %.1f %%",
+                coef.samples,
+                len(coef.ttft_by_endpoint),
+                100 * coef.ttft_mape,
+                100 * coef.tpot_mape,
+            )
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._refit_forever(), name=f"{self.name}-refit")

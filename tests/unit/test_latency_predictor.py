@@ -67,7 +67,7 @@ def _feed(p, rng, n, names_slow):
             duration_s=1.0,
             endpoint=name,
         )
-        p.post_response(completion(), rec, e)
+        p.post_response(completion("x" * (4 * isl)), rec, e)  # estimate = isl tokens
 
 
 def test_learns_a_known_linear_law_per_endpoint():
