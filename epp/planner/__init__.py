@@ -15,8 +15,10 @@ checks the imports):
   this project's SLA mode.
 - `planner.py` PURE: `build_policy(name, config, profile)`: a mode behind the common
   wrapper (budget, no-operation, drain victims); what the replay and the live loop call.
-
-Planned (see docs/ARCHITECTURE.md "The planner"): `predictors/`, `traces.py` and
-`replay.py` (PURE: the offline what-if), `profiler/` (`epp profile`), and the I/O side
-for `epp serve` (the planner thread, connectors).
+- `predictors/` PURE: load predictors (constant, kalman, arima, prophet) for the next
+  intervals' request count, ISL and OSL; `LoadPredictors`, `warm_up`.
+- `traces.py` PURE: Mooncake JSONL / Azure CSV lines -> arrivals; per-interval load.
+- `tracegen.py` PURE: a seeded bursty trace; rate scaling for fleet-size replays.
+- `tracefile.py` I/O: `load_trace(path)`, the one place a trace file is opened.
+- `profiler/`: `epp profile` (plan, measure, results PURE; sweep, plots, cli I/O).
 """
