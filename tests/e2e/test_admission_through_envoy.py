@@ -57,9 +57,17 @@ async def test_sheddable_gets_429_under_overload_and_critical_is_served(shed_sta
         # Idle pool: the sheddable request is served.
         assert (await send(s, url, SHORT, headers=SHEDDABLE)).status == 200
         load = [asyncio.create_task(send(s, url, LONG, headers=CRITICAL)) for _ in range(40)]
-        shed = await _until(s, url, SHEDDABLE, 429)
+        # Probes in parallel, not one after another: a probe admitted before the EPP's
+        # scrape saw the queues waits behind them, and must not hold back the next probe.
+        probes: list[asyncio.Task] = []
+        while not all(t.done() for t in load):
+            probes.append(asyncio.create_task(send(s, url, SHORT, headers=SHEDDABLE)))
+            await asyncio.sleep(0.05)
+            if any(p.done() and p.result().status == 429 for p in probes):
+                break
         critical_now = await send(s, url, SHORT, headers=CRITICAL)  # during the overload
         done = await asyncio.gather(*load)
+        shed = next((r for r in await asyncio.gather(*probes) if r.status == 429), None)
         # Drained: sheddable traffic is admitted again.
         again = await _until(s, url, SHEDDABLE, 200)
     assert shed is not None, "no 429 while 40 long requests queued on 4 slots"
