@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from epp.admission import Admission
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError, not_found, unavailable
 from epp.observability import (
@@ -83,6 +84,7 @@ class Director:
         scheduler: Scheduler,
         pre_request: Sequence[PreRequest] = (),
         rng: random.Random | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
@@ -92,6 +94,8 @@ class Director:
         # demand: admitted requests, not completions, Dynamo #11693). Must be quick.
         self.admission_sinks: list[Callable[[int], None]] = []
         self.cold_start: ColdStart | None = None  # set by the planner with min-endpoint 0
+        # Priorities and shedding (epp/admission.py); None admits everything.
+        self.admission = admission
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -164,6 +168,7 @@ class Director:
         target = model_label(request.target_model, served)
         try:
             candidates = self.candidates(request, subset)
+            priority = self.admission.admit(request, candidates) if self.admission else 0
             result = self.scheduler.schedule(request, candidates)
         except EppError as e:
             SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
@@ -173,7 +178,7 @@ class Director:
         SCHEDULER_ATTEMPTS.labels(
             "success", target, primary.name, "", str(primary.endpoint.port)
         ).inc()
-        REQUESTS_TOTAL.labels(model, target, "0").inc()
+        REQUESTS_TOTAL.labels(model, target, str(priority)).inc()
         decision = RoutingDecision(
             destinations=[t.hostport for t in result.primary.targets],
             headers=dict(result.headers),

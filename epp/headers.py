@@ -14,6 +14,9 @@ OBJECTIVE = "x-gateway-inference-objective"
 FAIRNESS_ID = "x-gateway-inference-fairness-id"
 MODEL_REWRITE = "x-gateway-model-name-rewrite"
 SESSION_TOKEN = "x-session-token"  # session-affinity-scorer's default `headerName`
+# Per-request latency objectives in milliseconds (GIE latency-predictor plugins).
+SLO_TTFT_MS = "x-slo-ttft-ms"
+SLO_TPOT_MS = "x-slo-tpot-ms"
 
 # Headers (and dynamic-metadata keys) the EPP sets for Envoy and the model servers.
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"

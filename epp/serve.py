@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.admission import Admission, Objectives, load_objectives_file
 from epp.completion import ResponseObserver
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
@@ -86,6 +87,8 @@ class ServeOptions:
     # `--planner FILE`: the parsed planner file and its profile (sla/dynamo modes).
     planner: PlannerConfig | None = None
     planner_profile: Profile | None = None
+    # Objective name → priority (--objectives); priority < 0 is shed (429) when saturated.
+    objectives: Objectives = field(default_factory=Objectives)
 
 
 class EppServer:
@@ -110,7 +113,11 @@ class EppServer:
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
         self.director = Director(
-            self.datastore, self.config.scheduler, self.config.pre_request, rng
+            self.datastore,
+            self.config.scheduler,
+            self.config.pre_request,
+            rng,
+            Admission(self.config.saturation_detector, options.objectives),
         )
         # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
         self.observer = (
@@ -349,6 +356,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the planner in this EPP: a planner YAML file (docs/planner.md lists its "
         "keys; config/planner.yaml is an example). It starts and stops model servers",
     )
+    p.add_argument(
+        "--objectives",
+        metavar="FILE",
+        help="objectives file (`objectives: [{name, priority}]` or InferenceObjective "
+        "documents): x-gateway-inference-objective → priority; priority < 0 is sheddable "
+        "(429 while the saturation detector says the pool is saturated)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -414,6 +428,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         response_path=args.response_path == "on",
         planner=planner,
         planner_profile=profile,
+        objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),
     )
     return opts, config
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 from epp.scheduling.registry import Registry
 
 BUILTIN_MODULES: tuple[str, ...] = (
+    "plugins.admission.detectors",
     "plugins.datalayer.sources",
     "plugins.deciders.always",
     "plugins.deciders.prefix_based",
     "plugins.filters.label_selector",
     "plugins.filters.prefix_affinity",
     "plugins.filters.roles",
+    "plugins.latency.producer",
+    "plugins.latency.scorer",
+    "plugins.latency.tier_filter",
     "plugins.pickers.max_score",
     "plugins.pickers.random_picker",
     "plugins.pickers.weighted_random",

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from epp.admission import SaturationDetector
 from epp.config.errors import ConfigError
 from epp.scheduling.interfaces import (
     DataProducer,
@@ -99,6 +100,9 @@ class LoadedConfig:
     post_response: list[PostResponse] = field(default_factory=list)
     source: str = "<built-in default>"
     handle: Handle = field(default_factory=Handle)
+    # `saturationDetector.pluginRef`, else a `utilization-detector` with upstream's
+    # defaults (GIE creates one the same way); admission sheds sheddable requests by it.
+    saturation_detector: SaturationDetector | None = None
 
     def plugins_of(self, cls: type) -> list[Any]:
         return [p for p in self.plugins.values() if isinstance(p, cls)]
@@ -205,6 +209,7 @@ def build(
         if section is not None:
             _check_ref_section(section, ref_field, plugins)
     _check_data_layer(data.get("dataLayer"), plugins)
+    detector = _saturation_detector(data.get("saturationDetector"), plugins, handle, registry)
 
     profiles = _build_profiles(data.get("schedulingProfiles"), plugins, handle, registry)
     handler = _profile_handler(plugins, profiles, handle, registry)
@@ -216,6 +221,7 @@ def build(
         post_response=[p for p in plugins.values() if isinstance(p, PostResponse)],
         source=source,
         handle=handle,
+        saturation_detector=detector,
     )
 
 
@@ -354,6 +360,22 @@ def _check_ref_section(section: Any, path: str, plugins: dict[str, Plugin]) -> N
     if not isinstance(section, Mapping) or set(section) - {"pluginRef"}:
         raise ConfigError(path, "must be a mapping with only 'pluginRef'")
     _resolve_ref(section.get("pluginRef"), f"{path}.pluginRef", plugins)
+
+
+def _saturation_detector(
+    section: Any, plugins: dict[str, Plugin], handle: Handle, registry: Registry
+) -> SaturationDetector | None:
+    if section is None:
+        spec = registry.lookup("utilization-detector")
+        return spec.build("utilization-detector", spec.params(), handle) if spec else None  # type: ignore[return-value]
+    plugin = plugins[section["pluginRef"]]  # checked by _check_ref_section
+    if not isinstance(plugin, SaturationDetector):
+        raise ConfigError(
+            "saturationDetector.pluginRef",
+            f"{plugin!r} is not a saturation detector; use utilization-detector or "
+            "concurrency-detector",
+        )
+    return plugin
 
 
 def _check_data_layer(section: Any, plugins: dict[str, Plugin]) -> None:

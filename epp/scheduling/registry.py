@@ -67,11 +67,6 @@ NOT_YET_IMPLEMENTED: dict[str, str] = {
     "pd-profile-handler": "its successor disagg-profile-handler: use that with "
     "prefix-based-pd-decider",
     "encode-filter": "encode/prefill/decode disaggregation",
-    "utilization-detector": "saturation detection and shedding",
-    "concurrency-detector": "saturation detection and shedding",
-    "latency-scorer": "latency-predictor routing",
-    "predicted-latency-producer": "latency-predictor routing",
-    "slo-headroom-tier-filter": "latency-predictor routing",
     "latency-slo-admitter": "latency-predictor routing",
     "load-aware-scorer": "llm-d load-aware scoring",
     "active-request-scorer": "llm-d active-request scoring",

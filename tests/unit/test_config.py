@@ -98,7 +98,7 @@ def test_unknown_plugin_type_lists_known_types_and_suggests():
 
 
 def test_known_upstream_plugin_not_implemented_says_so():
-    msg = error("plugins:\n- type: latency-scorer\n")
+    msg = error("plugins:\n- type: load-aware-scorer\n")
     assert "plugins[0].type" in msg
     assert "does not implement yet" in msg
 

@@ -17,4 +17,4 @@ def test_plugin_list_shows_parameters_and_aliases():
     text = render("max-score-picker")
     assert "maxNumOfEndpoints: an integer = 1" in text
     assert "(upstream: queue-scorer)" in render("queue-scorer")
-    assert "not implemented yet" in render("latency-scorer")
+    assert "not implemented yet" in render("load-aware-scorer")

@@ -1,0 +1,206 @@
+"""SLO-aware routing vs the default profile vs prefix-aware, on a mixed workload over a
+heterogeneous pool (issue 10's "SLO routing" benchmark).
+
+Pool: `--sims` `epp sim` processes (one `LocalStack` per setup, fresh), the last one 2x
+slower (decode and prefill ms per token doubled). Workload (seeded, identical per setup):
+Poisson arrivals at `--rate` req/s; a `--chat-share` of short chats (`--chat-words`
+prompt words, `--chat-out` tokens) carrying `x-slo-ttft-ms: --chat-ttft-ms` and
+`x-slo-tpot-ms: --chat-tpot-ms`, the rest long prompts (`--long-words` words,
+`--long-out` tokens) with a loose `x-slo-ttft-ms: --long-ttft-ms`. Streamed; the client
+measures TTFT (first token chunk) and TPOT (mean gap between later chunks).
+
+Per setup: SLO attainment (share of requests meeting every SLO they carry, errors count
+as misses) per class, goodput (SLO-meeting requests per second of the run), TTFT mean /
+p99 per class. The predictor learns during the first `--warmup-s` seconds of traffic
+(same traffic for every setup; excluded from the figures).
+
+    .venv/bin/python bench/slo_routing.py [--rate 6] [--setups default,prefix,slo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from epp.harness.localstack import LocalStack
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "default": [],
+    "prefix": ["--config", str(ROOT / "config" / "prefix-aware.yaml")],
+    "slo": ["--config", str(ROOT / "config" / "slo.yaml")],
+}
+
+
+@dataclass(frozen=True)
+class Req:
+    at: float
+    cls: str  # "chat" | "long"
+    prompt: str
+    out: int
+    headers: dict
+
+
+@dataclass
+class Res:
+    req: Req
+    ok: bool = False
+    ttft_ms: float = float("nan")
+    tpot_ms: float = float("nan")
+
+    def meets(self) -> bool:
+        if not self.ok:
+            return False
+        h = self.req.headers
+        if "x-slo-ttft-ms" in h and not self.ttft_ms <= float(h["x-slo-ttft-ms"]):
+            return False
+        if "x-slo-tpot-ms" in h and self.tpot_ms == self.tpot_ms:  # NaN: one token, no TPOT
+            return self.tpot_ms <= float(h["x-slo-tpot-ms"])
+        return True
+
+
+def workload(a: argparse.Namespace) -> list[Req]:
+    rng = random.Random(a.seed)
+    words = [f"w{i}" for i in range(5000)]
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(a.rate)
+        if t >= a.warmup_s + a.duration_s:
+            return out
+        if rng.random() < a.chat_share:
+            p = " ".join(rng.choice(words) for _ in range(a.chat_words))
+            h = {"x-slo-ttft-ms": str(a.chat_ttft_ms), "x-slo-tpot-ms": str(a.chat_tpot_ms)}
+            out.append(Req(t, "chat", p, a.chat_out, h))
+        else:
+            p = " ".join(rng.choice(words) for _ in range(a.long_words))
+            out.append(Req(t, "long", p, a.long_out, {"x-slo-ttft-ms": str(a.long_ttft_ms)}))
+
+
+async def one(http: aiohttp.ClientSession, url: str, r: Req) -> Res:
+    res = Res(r)
+    body = {"model": "tiny", "prompt": r.prompt, "max_tokens": r.out, "stream": True}
+    t0 = time.perf_counter()
+    times = []
+    try:
+        async with http.post(url + "/v1/completions", json=body, headers=r.headers) as resp:
+            if resp.status != 200:
+                await resp.read()
+                return res
+            async for line in resp.content:
+                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                    times.append(time.perf_counter())
+    except (TimeoutError, aiohttp.ClientError):
+        return res
+    if times:
+        res.ok = True
+        res.ttft_ms = (times[0] - t0) * 1000
+        if len(times) > 1:
+            res.tpot_ms = (times[-1] - times[0]) * 1000 / (len(times) - 1)
+    return res
+
+
+async def drive(url: str, reqs: list[Req]) -> list[Res]:
+    timeout = aiohttp.ClientTimeout(total=120)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as http:
+        start = time.perf_counter()
+
+        async def at(r: Req) -> Res:
+            await asyncio.sleep(max(0.0, start + r.at - time.perf_counter()))
+            return await one(http, url, r)
+
+        return await asyncio.gather(*(at(r) for r in reqs))
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(x for x in xs if x == x)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def summarise(setup: str, results: list[Res], a: argparse.Namespace) -> dict:
+    measured = [r for r in results if r.req.at >= a.warmup_s]
+    row: dict = {"setup": setup, "n": len(measured)}
+    row["attainment"] = sum(r.meets() for r in measured) / len(measured)
+    row["goodput_rps"] = sum(r.meets() for r in measured) / a.duration_s
+    for cls in ("chat", "long"):
+        rs = [r for r in measured if r.req.cls == cls]
+        ttfts = [r.ttft_ms for r in rs if r.ok]
+        row[f"{cls}_attain"] = sum(r.meets() for r in rs) / max(1, len(rs))
+        row[f"{cls}_ttft_mean"] = statistics.fmean(ttfts) if ttfts else float("nan")
+        row[f"{cls}_ttft_p99"] = pct(ttfts, 0.99)
+        row[f"{cls}_errors"] = sum(not r.ok for r in rs)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--setups", default="default,prefix,slo")
+    p.add_argument("--sims", type=int, default=3)
+    p.add_argument("--rate", type=float, default=6.0)
+    p.add_argument("--warmup-s", type=float, default=15.0)
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--chat-share", type=float, default=0.7)
+    p.add_argument("--chat-words", type=int, default=40)
+    p.add_argument("--chat-out", type=int, default=16)
+    p.add_argument("--chat-ttft-ms", type=float, default=150.0)
+    p.add_argument("--chat-tpot-ms", type=float, default=30.0)
+    p.add_argument("--long-words", type=int, default=1500)
+    p.add_argument("--long-out", type=int, default=32)
+    p.add_argument("--long-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--decode-ms", type=float, default=10.0)
+    p.add_argument("--prefill-ms", type=float, default=0.2)
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--run-dir", help="keep the processes' logs here (one folder per setup)")
+    a = p.parse_args()
+    reqs = workload(a)
+    base = [
+        "--max-num-seqs",
+        str(a.max_num_seqs),
+        "--decode-ms-per-token",
+        str(a.decode_ms),
+        "--prefill-ms-per-token",
+        str(a.prefill_ms),
+    ]
+    slow = [
+        "--decode-ms-per-token",
+        str(2 * a.decode_ms),
+        "--prefill-ms-per-token",
+        str(2 * a.prefill_ms),
+    ]
+    rows = []
+    for setup in a.setups.split(","):
+        with LocalStack(
+            n_sims=a.sims,
+            sim_args=base,
+            per_sim_args={a.sims - 1: slow},
+            epp_args=CONFIGS[setup],
+            run_dir=Path(a.run_dir) / setup if a.run_dir else None,
+        ) as st:
+            results = asyncio.run(drive(st.url, reqs))
+        rows.append(summarise(setup, results, a))
+        print(json.dumps(rows[-1]), flush=True)
+    print(
+        "\n| setup | attainment | goodput req/s | chat attain | chat TTFT mean / p99 ms "
+        "| long attain | long TTFT mean / p99 ms | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['setup']} | {r['attainment']:.1%} | {r['goodput_rps']:.2f} "
+            f"| {r['chat_attain']:.1%} | {r['chat_ttft_mean']:.0f} / {r['chat_ttft_p99']:.0f} "
+            f"| {r['long_attain']:.1%} | {r['long_ttft_mean']:.0f} / {r['long_ttft_p99']:.0f} "
+            f"| {r['chat_errors'] + r['long_errors']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""`predicted-latency-producer`: per candidate endpoint, this request's predicted TTFT and
+TPOT, and its headroom against the request's SLO (`LatencyPredictionInfo`).
+
+Upstream (GIE `pkg/epp/framework/plugins/requestcontrol/predictedlatency`) predicts with
+XGBoost / Bayesian-ridge sidecars over HTTP; this one fits a linear model in-process
+(`plugins/latency/model.py`) and never blocks the request path on it:
+
+- produce (request path): features from the snapshot (waiting, running, KV use, the EPP's
+  in-flight requests / prefill / decode tokens) and the request (prompt tokens minus the
+  cached part from the cycle's `PrefixMatchInfo` when a prefix producer runs first;
+  expected output tokens are not a feature: TPOT is per token); a few multiplications each;
+- post_response (request loop, once per finished request): one `Sample` into a bounded
+  ring buffer: the features the primary endpoint was routed with (its snapshot at pick,
+  the prompt estimate less the share the server reported cached) and the measured
+  TTFT / ITL;
+- start/stop (server lifecycle): an asyncio task that every `refitIntervalSeconds`, if
+  new samples arrived, refits in a worker thread (`asyncio.to_thread`) and swaps the
+  coefficients in by one assignment. Outside a server `refit()` does it synchronously.
+
+Memory: `maxSamples` samples plus one weight vector per endpoint seen in them.
+Parameters are this EPP's: upstream's sidecar knobs (`samplingMean`, `contextTTL`, …) have
+no meaning here and are refused as unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+
+from epp.datastore import EndpointSnapshot
+from epp.planner.window import RequestRecord
+from epp.request import InferenceRequest
+from epp.scheduling.interfaces import Plugin
+from epp.scheduling.params import param
+from epp.scheduling.registry import Handle, register
+from epp.scheduling.types import CycleState
+from plugins.latency.info import (
+    LATENCY_PREDICTION_KEY,
+    LatencyPrediction,
+    LatencyPredictionInfo,
+    request_slo,
+)
+from plugins.latency.model import (
+    Coefficients,
+    ColdStart,
+    Sample,
+    SampleBuffer,
+    fit,
+    predict,
+    tpot_features,
+    ttft_features,
+)
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
+
+log = logging.getLogger("epp.latency")
+
+
+@dataclass(frozen=True)
+class PredictedLatencyParams:
+    max_samples: int = param(4096, min=16, doc="ring buffer of observations the model fits on")
+    min_samples: int = param(
+        32, min=8, doc="observations an endpoint (or the pool) needs before its fit is used"
+    )
+    refit_interval_seconds: float = param(
+        2.0, min=0.05, doc="how often the background task refits (only if new samples came)"
+    )
+    cold_prefill_tokens_per_second: float = param(
+        15928.0,
+        min=1.0,
+        doc="cold-start TTFT = pending prefill tokens / this (llm-d's TTFT-gate default)",
+    )
+    cold_tpot_ms: float = param(
+        20.0, min=0.0, doc="cold-start TPOT at empty KV (scaled by 1 + KV use)"
+    )
+    default_ttft_slo_ms: float = param(
+        0.0, min=0.0, doc="TTFT SLO when the request has no x-slo-ttft-ms header; 0 = none"
+    )
+    default_tpot_slo_ms: float = param(
+        0.0, min=0.0, doc="TPOT SLO when the request has no x-slo-tpot-ms header; 0 = none"
+    )
+    slo_buffer_factor: float = param(
+        1.0, min=0.1, doc="predictions are multiplied by this before the SLO comparison"
+    )
+
+
+@register("predicted-latency-producer")
+class PredictedLatencyProducer(Plugin):
+    Params = PredictedLatencyParams
+    produces = LATENCY_PREDICTION_KEY
+
+    def __init__(self, name: str, params: PredictedLatencyParams, handle: Handle) -> None:
+        super().__init__(name)
+        self.params = params
+        self.buffer = SampleBuffer(params.max_samples)
+        self.coefficients = Coefficients()
+        self.cold = ColdStart(params.cold_prefill_tokens_per_second, params.cold_tpot_ms)
+        self._fitted_at = 0  # buffer.added when the last fit started
+        self._task: asyncio.Task[None] | None = None
+
+    # -- request path -------------------------------------------------------------
+
+    def produce(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> LatencyPredictionInfo:
+        prefix = state.read(PREFIX_MATCH_KEY)
+        prompt = request.prompt_tokens_estimate
+        coef = self.coefficients  # one read: a concurrent swap cannot mix two fits
+        out: dict[str, LatencyPrediction] = {}
+        for e in endpoints:
+            cached = prefix.cached_tokens(e.name) if isinstance(prefix, PrefixMatchInfo) else 0
+            ttft, tpot, learned = predict(
+                coef, self.cold, e.name, ttft_features(e, max(0, prompt - cached)), tpot_features(e)
+            )
+            out[e.name] = LatencyPrediction(ttft, tpot, learned)
+        slo_ttft, slo_tpot = request_slo(
+            request, self.params.default_ttft_slo_ms, self.params.default_tpot_slo_ms
+        )
+        return LatencyPredictionInfo(out, slo_ttft, slo_tpot, self.params.slo_buffer_factor)
+
+    # -- learning -----------------------------------------------------------------
+
+    def post_response(
+        self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
+    ) -> None:
+        if not response.ok or response.endpoint != endpoint.name:
+            return
+        if math.isnan(response.ttft_ms) and math.isnan(response.itl_ms):
+            return
+        # In the units produce() uses (the EPP's prompt estimate), whatever the server's
+        # tokenizer counts: the estimate scaled by the share the server did not have cached.
+        prompt = request.prompt_tokens_estimate
+        share = 1.0 - response.cached_tokens / response.isl if response.isl > 0 else 1.0
+        uncached = round(prompt * min(1.0, max(0.0, share)))
+        self.buffer.add(
+            Sample(
+                endpoint.name,
+                ttft_features(endpoint, uncached),
+                tpot_features(endpoint),
+                response.ttft_ms,
+                response.itl_ms,
+            )
+        )
+
+    def refit(self) -> Coefficients:
+        """Fit on the buffer now and use the result (tests; the server's task uses the
+        same code off the loop)."""
+        self._fitted_at = self.buffer.added
+        self.coefficients = fit(self.buffer.copy(), self.params.min_samples)
+        return self.coefficients
+
+    async def _refit_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.params.refit_interval_seconds)
+            if self.buffer.added == self._fitted_at:
+                continue
+            self._fitted_at = self.buffer.added
+            samples = self.buffer.copy()
+            try:
+                coef = await asyncio.to_thread(fit, samples, self.params.min_samples)
+            except Exception:  # a singular fit must not end learning for good
+                log.exception("latency model refit failed; keeping the previous fit")
+                continue
+            self.coefficients = coef
+            log.info(
+                "latency model refit on %d samples (%d endpoints): in-sample MAPE "
+                "TTFT %.1f %%, TPOT %.1f %%",
+                coef.samples,
+                len(coef.ttft_by_endpoint),
+                100 * coef.ttft_mape,
+                100 * coef.tpot_mape,
+            )
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._refit_forever(), name=f"{self.name}-refit")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
