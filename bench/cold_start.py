@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from epp.harness.envoy import EnvoyOptions, astart_envoy
-from epp.harness.procs import ProcessGroup, free_port
+from epp.harness.procs import ProcessGroup
 from epp.planner.config import load_planner_file
 from epp.planner.loop import ManualTicks
 from epp.planner.types import Role
@@ -42,15 +42,7 @@ async def main(rounds: int, command: str) -> None:
     async with ProcessGroup() as pg:
         envoy = await astart_envoy(
             pg,
-            EnvoyOptions(
-                listener_port=free_port(),
-                admin_port=free_port(),
-                epp_grpc_port=server.grpc_port,
-                epp_health_port=server.health_port,
-                listen_address="127.0.0.1",
-                response_headers=True,
-                response_body_mode="FULL_DUPLEX_STREAMED",
-            ),
+            EnvoyOptions.loopback(server.grpc_port, server.health_port),
             timeout=60,
         )
         body = {"model": "tiny", "prompt": "wake up", "max_tokens": 5}

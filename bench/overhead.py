@@ -298,12 +298,9 @@ def start_minimal(pg: ProcessGroup, destination: str) -> tuple[int, int, int]:
 def envoy_options(
     grpc_port: int, health_port: int, response_path: bool = False
 ) -> envoy.EnvoyOptions:
-    return envoy.EnvoyOptions(
-        listener_port=free_port(),
-        admin_port=free_port(),
-        epp_grpc_port=grpc_port,
-        epp_health_port=health_port,
-        listen_address="127.0.0.1",
+    return envoy.EnvoyOptions.loopback(
+        grpc_port,
+        health_port,
         request_body_mode="FULL_DUPLEX_STREAMED",
         response_headers=response_path,
         response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",

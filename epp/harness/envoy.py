@@ -27,7 +27,14 @@ from typing import Any, Literal
 
 import yaml
 
-from epp.harness.procs import AllReady, HttpReady, ManagedProcess, PortReady, ProcessGroup
+from epp.harness.procs import (
+    AllReady,
+    HttpReady,
+    ManagedProcess,
+    PortReady,
+    ProcessGroup,
+    free_port,
+)
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "deploy" / "envoy" / "envoy.yaml"
 ENVOY_BIN_ENV = "EPP_ENVOY_BIN"
@@ -63,6 +70,19 @@ class EnvoyOptions:
     response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     # None keeps the file's value; tests shorten it so a restarted EPP is seen healthy sooner.
     health_check_interval_s: float | None = None
+
+    @classmethod
+    def loopback(cls, epp_grpc_port: int, epp_health_port: int, **kw: Any) -> EnvoyOptions:
+        """Envoy on 127.0.0.1 with free listener and admin ports, in front of a local EPP:
+        what every test, demo and benchmark that starts its own Envoy wants."""
+        return cls(
+            listener_port=free_port(),
+            admin_port=free_port(),
+            epp_grpc_port=epp_grpc_port,
+            epp_health_port=epp_health_port,
+            listen_address="127.0.0.1",
+            **kw,
+        )
 
     def __post_init__(self) -> None:
         for mode in (self.request_body_mode, self.response_body_mode):

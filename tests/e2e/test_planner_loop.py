@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from epp.harness.envoy import EnvoyOptions, astart_envoy
-from epp.harness.procs import ProcessGroup, free_port
+from epp.harness.procs import ProcessGroup
 from epp.planner.config import load_planner_file
 from epp.planner.connectors.local import LocalConnector
 from epp.planner.loop import ManualTicks
@@ -105,15 +105,7 @@ async def stack(tmp_path):
     await server.start()
     pg = ProcessGroup()
     try:
-        envoy_opts = EnvoyOptions(
-            listener_port=free_port(),
-            admin_port=free_port(),
-            epp_grpc_port=server.grpc_port,
-            epp_health_port=server.health_port,
-            listen_address="127.0.0.1",
-            response_headers=True,
-            response_body_mode="FULL_DUPLEX_STREAMED",
-        )
+        envoy_opts = EnvoyOptions.loopback(server.grpc_port, server.health_port)
         envoy = await astart_envoy(pg, envoy_opts, timeout=60)
         yield server, ticks, envoy.url
     finally:
@@ -233,15 +225,7 @@ async def zero_stack(tmp_path, pool: str, **extra: object):
     server = EppServer(opts, planner_ticks=ManualTicks())
     await server.start()
     pg = ProcessGroup()
-    envoy_opts = EnvoyOptions(
-        listener_port=free_port(),
-        admin_port=free_port(),
-        epp_grpc_port=server.grpc_port,
-        epp_health_port=server.health_port,
-        listen_address="127.0.0.1",
-        response_headers=True,
-        response_body_mode="FULL_DUPLEX_STREAMED",
-    )
+    envoy_opts = EnvoyOptions.loopback(server.grpc_port, server.health_port)
     try:
         envoy = await astart_envoy(pg, envoy_opts, timeout=60)
     except BaseException:

@@ -233,14 +233,7 @@ def _start_extproc(pg: ProcessGroup, destination_port: int) -> tuple[int, int]:
 
 
 def _local_options(grpc_port: int, health_port: int, **modes: object) -> EnvoyOptions:
-    return EnvoyOptions(
-        listener_port=free_port(),
-        admin_port=free_port(),
-        epp_grpc_port=grpc_port,
-        epp_health_port=health_port,
-        listen_address="127.0.0.1",
-        **modes,  # type: ignore[arg-type]
-    )
+    return EnvoyOptions.loopback(grpc_port, health_port, **modes)
 
 
 @pytest.fixture(scope="module")
