@@ -110,6 +110,11 @@ class ScrapeConfig:
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ScrapeConfig))
 
+# A scrape that timed out although the datastore's clock (a LoopClock in `epp serve`)
+# says it had less than `timeout` of loop time: the EPP was stalled, not the endpoint.
+# Such an attempt neither marks the endpoint failed nor updates it (issue 13 §1d).
+INCONCLUSIVE = "inconclusive: the EPP's own event loop stalled during the scrape"
+
 
 def _reason(exc: BaseException, timeout: float) -> str:
     """A short, stable failure reason (stable so transition logging works)."""
@@ -270,7 +275,8 @@ class MetricsScraper:
         next_at = loop.time()
         while True:
             error = await self.scrape_once(ep, emap, url)
-            self._record(ep, error)
+            if error != INCONCLUSIVE:
+                self._record(ep, error)
             next_at += interval
             now = loop.time()
             if next_at < now:  # a slow scrape: start the next one now, don't burst
@@ -289,6 +295,7 @@ class MetricsScraper:
         session = self._session
         if session is None:
             return "scraper not started"
+        started = self.datastore.clock()
         try:
             async with session.get(
                 url or self._url(ep, self.config.path),
@@ -307,6 +314,10 @@ class MetricsScraper:
             raise
         except MetricsExtractError as e:
             return str(e)
+        except TimeoutError as e:
+            if self.datastore.clock() - started < self.config.timeout:
+                return INCONCLUSIVE
+            return _reason(e, self.config.timeout)
         except Exception as e:  # any failure is a failed scrape, never a dead task
             if not isinstance(e, aiohttp.ClientError | OSError | TimeoutError):
                 log.debug("unexpected scrape error for %s", ep.name, exc_info=True)

@@ -29,11 +29,12 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.director import Director, RoutingDecision
-from epp.errors import EppError, internal_error, too_large
+from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
 from epp.extproc.refusals import RefusalLog
 from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
-from epp.request import InferenceRequest, new_request, parse_body
+from epp.limits import BodyBudget, BodyLimits, HeaderLimits
+from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 
 log = logging.getLogger("epp.extproc")
 
@@ -62,11 +63,23 @@ class Phase(enum.Enum):
 
 class RequestStream:
     def __init__(
-        self, director: Director, max_body_bytes: int, refusals: RefusalLog = REFUSALS
+        self,
+        director: Director,
+        max_body_bytes: int,
+        refusals: RefusalLog = REFUSALS,
+        *,
+        body_limits: BodyLimits = DEFAULT_BODY_LIMITS,
+        header_limits: HeaderLimits | None = None,
+        budget: BodyBudget | None = None,
     ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
         self.refusals = refusals
+        self.body_limits = body_limits
+        self.header_limits = header_limits or HeaderLimits()
+        # Bytes of this stream's body reserved in the server-wide budget (epp/limits.py).
+        self.budget = budget
+        self._budgeted = 0
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = _MODES.NONE
@@ -118,7 +131,7 @@ class RequestStream:
             assert self.request is not None
             try:
                 outcome: tuple[InferenceRequest, bytes | None] | Exception
-                outcome = await asyncio.to_thread(_parse, self.request, raw)
+                outcome = await asyncio.to_thread(_parse, self.request, raw, self.body_limits)
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
             self._preparsed = (raw, outcome)
@@ -140,18 +153,42 @@ class RequestStream:
             return None
         return b"".join(parts)
 
+    def body_timed_out(self, seconds: float) -> list[pb.ProcessingResponse]:
+        """The client did not finish its body within `seconds`: a 408, and its bytes freed.
+        Nothing if the body already ended (the stream is routed or refused)."""
+        if self.phase is not Phase.GATHER_BODY and self.phase is not Phase.AWAIT_HEADERS:
+            return []
+        return self._reject(
+            timed_out(
+                f"request not complete within {seconds:g}s of the stream's start "
+                "(set by epp serve --body-timeout)"
+            )
+        )
+
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
+        self._drop_body()
         if self.decision is not None:
             self.director.release(self.decision)
+
+    def _drop_body(self) -> None:
+        self._chunks = []
+        if self.budget is not None and self._budgeted:
+            self.budget.give_back(self._budgeted)
+        self._budgeted = 0
 
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.AWAIT_HEADERS:
             raise EppError(400, "request headers received twice on one stream")
+        pairs = msg.request_headers.headers.headers
+        self.header_limits.check(
+            len(pairs), sum(len(h.key) + len(h.raw_value or h.value) for h in pairs)
+        )
         headers = m.header_map(msg.request_headers)
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
-        self._generated_id = REQUEST_ID not in headers or not headers[REQUEST_ID]
+        # Set on the upstream request when missing or replaced (invalid: see request.py).
+        self._generated_id = req.request_id != headers.get(REQUEST_ID)
         self.request = req
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
@@ -179,6 +216,9 @@ class RequestStream:
                 f"request body exceeds the limit of {self.max_body_bytes} bytes "
                 "(set by epp serve --max-body-bytes)"
             )
+        if self.budget is not None:
+            self.budget.take(len(body.body))
+            self._budgeted += len(body.body)
         self._chunks.append(body.body)
         if not body.end_of_stream:
             return []
@@ -196,11 +236,11 @@ class RequestStream:
         preparsed, self._preparsed = self._preparsed, None
         if preparsed is None:
             raw = b"".join(self._chunks)
-            self._chunks = []
-            req, new_body = _parse(self.request, raw)
+            self._drop_body()
+            req, new_body = _parse(self.request, raw, self.body_limits)
         else:
             raw, outcome = preparsed
-            self._chunks = []
+            self._drop_body()
             if isinstance(outcome, Exception):
                 raise outcome
             req, new_body = outcome
@@ -249,12 +289,14 @@ class RequestStream:
 
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
         self.phase = Phase.REJECTED
-        self._chunks = []
+        self._drop_body()
         self.refusals.record(self.request.request_id if self.request else "-", error)
         return [m.immediate_response(error)]
 
 
-def _parse(request: InferenceRequest, raw: bytes) -> tuple[InferenceRequest, bytes | None]:
+def _parse(
+    request: InferenceRequest, raw: bytes, limits: BodyLimits
+) -> tuple[InferenceRequest, bytes | None]:
     """The request parsed from `raw`, and the body to forward if the model changes."""
-    req = parse_body(request, raw)
+    req = parse_body(request, raw, limits)
     return req, req.body_for_upstream()
