@@ -26,12 +26,20 @@ under the table subtract the sim's (answering those scrapes). Latency is client-
 closed loop: at saturation p50 ~ concurrency / throughput, so "added p50" mostly mirrors lost
 throughput; `--concurrency 1` shows the unloaded per-request cost instead.
 
+With `--response-path` the run compares instead `epp serve --response-path on` behind an Envoy
+that sends it the response phases (headers, FULL_DUPLEX_STREAMED body, trailers: the shipped
+deploy/envoy/envoy.yaml) with `--response-path off` behind an Envoy that skips them, on streamed
+completions of `--stream-tokens` tokens from a 2-replica sim (1 ms per token, so every token
+is its own chunk on the wire): the price of measuring responses, per request and per chunk. (a)-(c)
+above run with the response path off, as they were first measured.
+
 The machine may be shared: busy CPU time not spent by this benchmark's processes (from
 /proc/stat) is reported per window, and a window with more than `--max-foreign` CPUs of it is
 repeated (up to `--retries` times, keeping the quietest): ~2 min when quiet, longer if not.
 
     .venv/bin/python bench/overhead.py [--duration 8] [--concurrency 16] [--repeats 3]
         [--py-spy /path/to/py-spy]   # then profile the EPP under (c) load (not measured)
+    .venv/bin/python bench/overhead.py --response-path [--stream-tokens 16]
 """
 
 from __future__ import annotations
@@ -71,20 +79,33 @@ SIM_ARGS = [
     "--default-max-tokens", "1",
     "--max-num-seqs", "4096",
 ]  # fmt: skip
+# The response-path comparison: tokens 1 ms apart, so each is its own chunk through Envoy.
+STREAM_SIM_ARGS = [
+    "--decode-ms-per-token", "1",
+    "--prefill-ms-per-token", "0",
+    "--max-num-seqs", "4096",
+]  # fmt: skip
+STREAM_REPLICAS = 2
 # Median CPUs used by processes outside this benchmark above which the report warns.
 FOREIGN_WARN_CPUS = 0.25
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def request_body() -> bytes:
-    """A realistic small OpenAI completion request (~300 bytes of JSON)."""
+def request_body(stream_tokens: int = 0) -> bytes:
+    """A realistic small OpenAI completion request (~300 bytes of JSON); with
+    `stream_tokens`, a streamed one of that many tokens that asks for usage."""
     prompt = (
         "You are a helpful assistant. Summarise the following support ticket in one short "
         "sentence: the customer reports that the mobile app logs them out every few minutes "
         "since the last update, on both Wi-Fi and cellular."
     )
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "user": "b"}
+    body: dict[str, Any] = {
+        "model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "user": "b",
+    }  # fmt: skip
+    if stream_tokens:
+        body.update(max_tokens=stream_tokens, stream=True)
+        body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
 
 
@@ -122,6 +143,7 @@ class LoadState:
     measuring: bool = False
     running: bool = True
     latencies: list[float] = field(default_factory=list)
+    reads: list[int] = field(default_factory=list)  # body reads per response (chunks seen)
     errors: int = 0
     first_error: str = ""
 
@@ -132,7 +154,9 @@ async def _worker(session: aiohttp.ClientSession, url: str, body: bytes, state: 
         t0 = time.perf_counter()
         try:
             async with session.post(url, data=body, headers=headers) as resp:
-                await resp.read()
+                reads = 0
+                async for _ in resp.content.iter_any():
+                    reads += 1
                 ok, detail = resp.status == 200, f"HTTP {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as e:
             ok, detail = False, repr(e)
@@ -140,6 +164,7 @@ async def _worker(session: aiohttp.ClientSession, url: str, body: bytes, state: 
             continue
         if ok:
             state.latencies.append(time.perf_counter() - t0)
+            state.reads.append(reads)
         else:
             state.errors += 1
             state.first_error = state.first_error or detail
@@ -152,7 +177,7 @@ async def _load_window(args: argparse.Namespace) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=args.concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        body = request_body()
+        body = request_body(args.stream_tokens)
         tasks = [
             asyncio.create_task(_worker(session, args.url, body, state))
             for _ in range(args.concurrency)
@@ -168,6 +193,7 @@ async def _load_window(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "elapsed": t1 - t0,
         "latencies": state.latencies,
+        "reads": statistics.median(state.reads) if state.reads else 0,
         "errors": state.errors,
         "first_error": state.first_error,
         "cpu": {name: cpu1[name] - cpu0[name] for name in cpu0},
@@ -186,6 +212,7 @@ def loadgen_main(argv: Sequence[str]) -> None:
     ap.add_argument("--warmup", type=float, required=True)
     ap.add_argument("--duration", type=float, required=True)
     ap.add_argument("--watch", action="append", default=[], metavar="NAME=PID")
+    ap.add_argument("--stream-tokens", type=int, default=0)
     args = ap.parse_args(argv)
     result = asyncio.run(_load_window(args))
     print(json.dumps(result), flush=True)
@@ -216,25 +243,30 @@ def _py(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def start_sims(pg: ProcessGroup) -> tuple[int, list[str]]:
-    """One `epp sim` process serving REPLICAS replicas; returns its pid and their host:port."""
-    argv = _py("-m", "epp.cli", "sim", "--replicas", str(REPLICAS), "--port", "0", *SIM_ARGS)
-    last = f"sim sim-{REPLICAS - 1} listening on"
+def start_sims(
+    pg: ProcessGroup, sim_args: Sequence[str] = SIM_ARGS, replicas: int = REPLICAS
+) -> tuple[int, list[str]]:
+    """One `epp sim` process serving `replicas` replicas; returns its pid and their host:port."""
+    argv = _py("-m", "epp.cli", "sim", "--replicas", str(replicas), "--port", "0", *sim_args)
+    last = f"sim sim-{replicas - 1} listening on"
     proc = pg.start("sim", argv, ready=LogReady(last), timeout=60)
     urls = [line.split()[-1] for line in proc.output().splitlines() if " listening on " in line]
     return proc.pid, [u.removeprefix("http://") for u in urls]
 
 
-def start_epp(pg: ProcessGroup, hostports: list[str]) -> tuple[int, int, int]:
+def start_epp(
+    pg: ProcessGroup, hostports: list[str], name: str = "epp", response_path: bool = False
+) -> tuple[int, int, int]:
     """`epp serve` with defaults over every replica; waits until all are healthy."""
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = _py(
         "-m", "epp.cli", "serve", "--host", "127.0.0.1",
         "--grpc-port", str(grpc_port), "--health-port", str(health_port),
         "--metrics-port", str(metrics_port),
+        "--response-path", "on" if response_path else "off",
         *[f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)],
     )  # fmt: skip
-    proc = pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+    proc = pg.start(name, argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
     _wait_until(lambda: _healthy_endpoints(metrics_port) == len(hostports), "EPP endpoints", 30)
     return proc.pid, grpc_port, health_port
 
@@ -263,7 +295,9 @@ def start_minimal(pg: ProcessGroup, destination: str) -> tuple[int, int, int]:
     return proc.pid, port, health_port
 
 
-def envoy_options(grpc_port: int, health_port: int) -> envoy.EnvoyOptions:
+def envoy_options(
+    grpc_port: int, health_port: int, response_path: bool = False
+) -> envoy.EnvoyOptions:
     return envoy.EnvoyOptions(
         listener_port=free_port(),
         admin_port=free_port(),
@@ -271,6 +305,8 @@ def envoy_options(grpc_port: int, health_port: int) -> envoy.EnvoyOptions:
         epp_health_port=health_port,
         listen_address="127.0.0.1",
         request_body_mode="FULL_DUPLEX_STREAMED",
+        response_headers=response_path,
+        response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",
     )
 
 
@@ -331,6 +367,25 @@ def start_stack(pg: ProcessGroup) -> Stack:
     return Stack(pg, pids, targets)
 
 
+def start_response_stack(pg: ProcessGroup) -> Stack:
+    """One sim, two EPPs (response path on / off), each behind the Envoy that matches it."""
+    pids: dict[str, int] = {}
+    # Two replicas: the sim's engine loops tick every model millisecond, and eight of them
+    # (plus both EPPs' scrapes) made the sim, not the EPP, the bottleneck.
+    pids["sim"], hostports = start_sims(pg, STREAM_SIM_ARGS, STREAM_REPLICAS)
+    targets = []
+    for key, on in (("on", True), ("off", False)):
+        pids[f"epp-{key}"], grpc, health = start_epp(pg, hostports, f"epp-{key}", on)
+        options = envoy_options(grpc, health, response_path=on)
+        proxy = envoy.start_envoy(pg, options, name=f"envoy-{key}", timeout=60)
+        pids[f"envoy-{key}"] = proxy.process.pid
+        url = proxy.url + "/v1/completions"
+        _check_route(url)
+        label = f"epp serve --response-path {key}"
+        targets.append(Target(key, label, url, f"envoy-{key}", f"epp-{key}"))
+    return Stack(pg, pids, targets)
+
+
 def _check_route(url: str) -> None:
     """One request must succeed before anything is measured."""
     req = urllib.request.Request(url, data=request_body(), method="POST")
@@ -351,6 +406,7 @@ def run_loadgen(
         str(Path(__file__).resolve()), "_loadgen", "--url", target.url,
         "--concurrency", str(args.concurrency), "--warmup", str(args.warmup),
         "--duration", str(duration), *[f"--watch={k}={v}" for k, v in stack.pids.items()],
+        "--stream-tokens", str(args.stream_tokens),
     )  # fmt: skip
     proc = stack.pg.spawn(run_name, argv)
     proc.popen.wait(timeout=args.warmup + duration + 60)
@@ -389,6 +445,7 @@ def summarise(raw: dict[str, Any], target: Target, idle: dict[str, float]) -> di
         # what it spends beyond its idle rate.
         "sim_net": (cpu["sim"] - idle["sim"] * elapsed) * per_1k,
         "loadgen": cpu["loadgen"] * per_1k,
+        "reads": float(raw["reads"]),
         # Busy CPUs not explained by this benchmark's processes: noise from outside.
         "foreign": max(0.0, cpu["machine"] - ours) / elapsed,
     }
@@ -412,8 +469,10 @@ def measure(stack: Stack, args: argparse.Namespace) -> tuple[Rows, list[dict[str
     for r in range(args.repeats):
         idle = quietest(functools.partial(idle_rates, stack.pids, args.duration), args)
         idles.append(idle)
-        print(f"repeat {r + 1}: idle EPP {idle['epp'] * 1e3:.0f} ms CPU/s", flush=True)
-        order = stack.targets[r % 3 :] + stack.targets[: r % 3]
+        epps = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in idle.items() if k.startswith("epp"))
+        print(f"repeat {r + 1}: idle EPP ms CPU/s: {epps}", flush=True)
+        n = len(stack.targets)
+        order = stack.targets[r % n :] + stack.targets[: r % n]
         for t in order:
             window = functools.partial(load_row, stack, t, args, f"load-{t.key}-{r}", idle)
             row = quietest(window, args)
@@ -626,6 +685,33 @@ def notes(rows: Rows, idles: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def response_table(rows: Rows, targets: list[Target], tokens: int) -> str:
+    out = [
+        "| config | req/s | p50 ms | p99 ms | body reads/response | EPP CPU s/1k req "
+        "| EPP net of idle | Envoy CPU s/1k req | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in targets:
+        r = rows[t.key]
+        out.append(
+            f"| {t.label} | {_med(r, 'rps'):.0f} | {_med(r, 'p50'):.2f} | {_med(r, 'p99'):.2f} "
+            f"| {_med(r, 'reads'):.0f} | {_med(r, 'extproc'):.3f} | {_med(r, 'extproc_net'):.3f} "
+            f"| {_med(r, 'envoy'):.3f} | {sum(x['errors'] for x in r):.0f} |"
+        )
+    on, off = rows["on"], rows["off"]
+    # CPU s per 1000 requests = CPU ms per request.
+    epp = _med(on, "extproc_net") - _med(off, "extproc_net")
+    env = _med(on, "envoy") - _med(off, "envoy")
+    chunks = tokens + 2  # tokens, the usage event, [DONE] (as the sim writes them)
+    out.append(
+        f"\nresponse path on − off, per request of {tokens} streamed tokens: EPP "
+        f"{epp:+.3f} ms CPU ({epp * 1e3 / chunks:+.0f} us per response chunk, {chunks} "
+        f"chunks), Envoy {env:+.3f} ms CPU; EPP CPU on/off "
+        f"{_med(on, 'extproc_net') / _med(off, 'extproc_net'):.2f}x (net of idle)"
+    )
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_loadgen"]:
@@ -646,10 +732,39 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--retries", type=int, default=2, help="max repeats of a noisy window")
     ap.add_argument("--run-dir", type=Path, help="keep child logs here (default: temp, removed)")
     ap.add_argument("--py-spy", metavar="BIN", help="after measuring, profile the EPP under load")
+    ap.add_argument(
+        "--response-path",
+        action="store_true",
+        help="compare epp serve --response-path on vs off on streamed completions instead",
+    )
+    ap.add_argument(
+        "--stream-tokens", type=int, default=16, help="tokens per streamed completion (16)"
+    )
     args = ap.parse_args(argv)
     if args.duration <= 0 or args.warmup < 0 or args.concurrency < 1 or args.repeats < 1:
         ap.error("--duration and --concurrency and --repeats must be positive, --warmup >= 0")
-    run(args, " ".join(["python bench/overhead.py", *argv]))
+    if args.stream_tokens < 1:
+        ap.error("--stream-tokens must be >= 1")
+    command = " ".join(["python bench/overhead.py", *argv])
+    if args.response_path:
+        run_response_path(args, command)
+    else:
+        args.stream_tokens = 0  # (a)-(c) send the small non-streamed request
+        run(args, command)
+
+
+def run_response_path(args: argparse.Namespace, command: str) -> None:
+    started = time.monotonic()
+    with ProcessGroup(args.run_dir) as pg:
+        stack = start_response_stack(pg)
+        print(f"stack up in {time.monotonic() - started:.1f}s", flush=True)
+        rows, _ = measure(stack, args)
+    print(
+        f"\n`{command}` — {datetime.date.today().isoformat()}, {machine_facts()}, "
+        f"concurrency {args.concurrency}, {args.repeats} x {args.duration:g} s windows, medians\n"
+    )
+    print(response_table(rows, stack.targets, args.stream_tokens))
+    print(f"whole run {time.monotonic() - started:.0f}s")
 
 
 def run(args: argparse.Namespace, command: str) -> None:

@@ -63,7 +63,11 @@ class EndpointSnapshot:
     endpoint: Endpoint
     metrics: EndpointMetrics
     inflight_requests: int = 0
+    # Prompt tokens of requests still waiting for their first token plus expected output
+    # tokens of requests still generating (see `Datastore.acquire`).
     inflight_tokens: int = 0
+    # The prompt part alone: prefill work not yet done (llm-d's TTFT gate reads only this).
+    inflight_prefill_tokens: int = 0
     healthy: bool = True
     models: frozenset[str] | None = None
 
@@ -85,7 +89,8 @@ class _EndpointState:
     endpoint: Endpoint
     metrics: EndpointMetrics = field(default_factory=EndpointMetrics)
     inflight_requests: int = 0
-    inflight_tokens: int = 0
+    inflight_prefill_tokens: int = 0
+    inflight_decode_tokens: int = 0
     scrape_ok: bool = False
     last_error: str = ""
     models: frozenset[str] | None = None
@@ -242,23 +247,40 @@ class Datastore:
         return s.scrape_ok and (now - s.metrics.update_time) <= self.staleness
 
     # ---- in-flight accounting (the EPP's own view of load) ----------------
-    def acquire(self, name: str, tokens: int = 0) -> None:
+    # A request holds, from routing until its response ends: one request, its prompt
+    # tokens until its first token arrives (prefill pending), and its expected output
+    # tokens (decode). The ext_proc side reports both moments (epp/extproc/stream.py).
+    def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        """A request was routed to `name`."""
         s = self._states.get(name)
         if s is not None:
             s.inflight_requests += 1
-            s.inflight_tokens += tokens
+            s.inflight_prefill_tokens += prompt_tokens
+            s.inflight_decode_tokens += output_tokens
             s.snap = None
 
-    def release(self, name: str, tokens: int = 0) -> None:
+    def prefill_done(self, name: str, prompt_tokens: int) -> None:
+        """A request on `name` got its first token: its prompt is no longer pending work."""
+        s = self._states.get(name)
+        if s is not None:
+            s.inflight_prefill_tokens = max(0, s.inflight_prefill_tokens - prompt_tokens)
+            s.snap = None
+
+    def release(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        """A request on `name` ended; `prompt_tokens` is what `prefill_done` did not give back."""
         s = self._states.get(name)
         if s is not None:
             s.inflight_requests = max(0, s.inflight_requests - 1)
-            s.inflight_tokens = max(0, s.inflight_tokens - tokens)
+            s.inflight_prefill_tokens = max(0, s.inflight_prefill_tokens - prompt_tokens)
+            s.inflight_decode_tokens = max(0, s.inflight_decode_tokens - output_tokens)
             s.snap = None
 
     def inflight(self, name: str) -> tuple[int, int]:
+        """(requests, tokens) in flight on `name`; tokens = pending prompt + expected output."""
         s = self._states.get(name)
-        return (s.inflight_requests, s.inflight_tokens) if s else (0, 0)
+        if s is None:
+            return (0, 0)
+        return (s.inflight_requests, s.inflight_prefill_tokens + s.inflight_decode_tokens)
 
     # ---- what scheduling sees --------------------------------------------
     def snapshot(self) -> list[EndpointSnapshot]:
@@ -273,7 +295,8 @@ class Datastore:
                     endpoint=s.endpoint,
                     metrics=s.metrics,
                     inflight_requests=s.inflight_requests,
-                    inflight_tokens=s.inflight_tokens,
+                    inflight_tokens=s.inflight_prefill_tokens + s.inflight_decode_tokens,
+                    inflight_prefill_tokens=s.inflight_prefill_tokens,
                     healthy=healthy,
                     models=s.models,
                 )

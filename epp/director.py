@@ -2,8 +2,9 @@
 
 Candidates are narrowed in a fixed order: the gateway's subset hint, then endpoints
 that serve the model, then healthy ones. The scheduler runs on that snapshot; the
-chosen endpoints' in-flight counters are taken at pick and given back by `release`,
-which the ext_proc side calls exactly once when the stream ends, however it ends.
+chosen endpoints' in-flight counters are taken at pick; the ext_proc side reports the
+response's first token (`first_token`: the prompt is no longer pending prefill work) and
+its end (`release`, exactly once, however the response or the stream ends).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from epp.errors import EppError, not_found, unavailable
 from epp.observability import (
     REQUEST_ERRORS,
     REQUESTS_TOTAL,
+    RUNNING_REQUESTS,
     SCHEDULER_ATTEMPTS,
     model_label,
 )
@@ -29,6 +31,15 @@ from epp.scheduling.types import ProfileResult, SchedulingResult
 log = logging.getLogger("epp.director")
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What one request counts against one endpoint while it is in flight."""
+
+    name: str
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+
 @dataclass(slots=True)
 class RoutingDecision:
     """Where a request goes: destinations best first, extra headers, and what it holds."""
@@ -36,7 +47,11 @@ class RoutingDecision:
     destinations: list[str]
     headers: dict[str, str] = field(default_factory=dict)
     result: SchedulingResult | None = None
-    held: list[tuple[str, int]] = field(default_factory=list)
+    held: list[Hold] = field(default_factory=list)
+    # (model_name, target_model_name) metric labels, bounded by `model_label`; set for
+    # scheduled requests (the running-requests gauge, the per-response histograms).
+    labels: tuple[str, str] | None = None
+    prefill_released: bool = False
     released: bool = False
 
 
@@ -106,8 +121,10 @@ class Director:
             destinations=[t.hostport for t in result.primary.targets],
             headers=dict(result.headers),
             result=result,
+            labels=(model, target),
         )
         self._hold(decision, request, result.profile_results.values())
+        RUNNING_REQUESTS.labels(model).inc()
         for plugin in self.pre_request:
             try:
                 plugin.pre_request(request, result)
@@ -122,8 +139,8 @@ class Director:
         candidates = self.candidates(request, subset)
         chosen = candidates[self.rng.randrange(len(candidates))]
         decision = RoutingDecision(destinations=[chosen.hostport])
-        decision.held.append((chosen.name, 0))
-        self.datastore.acquire(chosen.name, 0)
+        decision.held.append(Hold(chosen.name))
+        self.datastore.acquire(chosen.name)
         return decision
 
     def _hold(
@@ -132,19 +149,32 @@ class Director:
         request: InferenceRequest,
         results: object,
     ) -> None:
-        tokens = request.prompt_tokens_estimate + request.expected_output_tokens
+        prompt, output = request.prompt_tokens_estimate, request.expected_output_tokens
         for res in results:  # type: ignore[attr-defined]
             if isinstance(res, ProfileResult) and res.targets:
-                name = res.targets[0].name
-                decision.held.append((name, tokens))
-                self.datastore.acquire(name, tokens)
+                hold = Hold(res.targets[0].name, prompt, output)
+                decision.held.append(hold)
+                self.datastore.acquire(hold.name, hold.prompt_tokens, hold.output_tokens)
+
+    def first_token(self, decision: RoutingDecision) -> None:
+        """The response's first token passed: its prompt tokens stop counting (once)."""
+        if decision.prefill_released or decision.released:
+            return
+        decision.prefill_released = True
+        for hold in decision.held:
+            self.datastore.prefill_done(hold.name, hold.prompt_tokens)
 
     def release(self, decision: RoutingDecision) -> None:
+        """The request is over: give back everything it still holds (once)."""
         if decision.released:
             return
         decision.released = True
-        for name, tokens in decision.held:
-            self.datastore.release(name, tokens)
+        if decision.labels is not None:
+            RUNNING_REQUESTS.labels(decision.labels[0]).dec()
+        prompt_done = decision.prefill_released
+        for hold in decision.held:
+            prompt = 0 if prompt_done else hold.prompt_tokens
+            self.datastore.release(hold.name, prompt, hold.output_tokens)
 
 
 def _restrict_to_subset(

@@ -90,6 +90,75 @@ REQUEST_ERRORS = Counter(
 )
 
 
+# ---- per-response metrics (need the response path: `epp serve --response-path on`) ----
+# Buckets from GIE pkg/epp/metrics/metrics.go: durations 5 ms … 1 h, tokens 1 … 1 Mi.
+_DURATION_BUCKETS = (
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,
+    15, 20, 30, 45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600,
+)  # fmt: skip
+_TOKEN_BUCKETS = tuple(2**i for i in range(21))  # 1 … 1,048,576
+_TPOT_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 80.0,
+)  # fmt: skip
+_MODEL_LABELS = ["model_name", "target_model_name"]
+
+REQUEST_DURATION = Histogram(
+    "inference_objective_request_duration_seconds",
+    "Time from routing to the end of the response.",
+    _MODEL_LABELS,
+    buckets=_DURATION_BUCKETS,
+    registry=REGISTRY,
+)
+REQUEST_TTFT = Histogram(
+    "inference_objective_request_ttft_seconds",
+    "Time from routing to the first body chunk carrying a token.",
+    _MODEL_LABELS,
+    buckets=_DURATION_BUCKETS,
+    registry=REGISTRY,
+)
+REQUEST_TPOT = Histogram(
+    "inference_objective_request_tpot_seconds",
+    "Mean gap between output tokens after the first (streamed responses).",
+    _MODEL_LABELS,
+    buckets=_TPOT_BUCKETS,
+    registry=REGISTRY,
+)
+NORMALIZED_TPOT = Histogram(
+    "inference_objective_normalized_time_per_output_token_seconds",
+    "Request duration divided by its output tokens.",
+    _MODEL_LABELS,
+    buckets=_TPOT_BUCKETS,
+    registry=REGISTRY,
+)
+INPUT_TOKENS = Histogram(
+    "inference_objective_input_tokens",
+    "Prompt tokens per request (usage, else the EPP's estimate).",
+    _MODEL_LABELS,
+    buckets=_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+OUTPUT_TOKENS = Histogram(
+    "inference_objective_output_tokens",
+    "Completion tokens per request (usage, else token-carrying events).",
+    _MODEL_LABELS,
+    buckets=_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+PROMPT_CACHED_TOKENS = Histogram(
+    "inference_objective_prompt_cached_tokens",
+    "Cached prompt tokens per request (usage.prompt_tokens_details.cached_tokens).",
+    _MODEL_LABELS,
+    buckets=_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+RUNNING_REQUESTS = Gauge(
+    "inference_objective_running_requests",
+    "Requests routed and not yet finished, by model.",
+    ["model_name"],
+    registry=REGISTRY,
+)
+
+
 class PoolCollector(Collector):
     """inference_pool_* gauges computed from the datastore's healthy endpoints."""
 
@@ -135,9 +204,45 @@ class PoolCollector(Collector):
         for s in snaps:
             per_pod.add_metric([s.name, name], s.metrics.waiting_queue_size)
         yield from (ready, kv, q, run, per_pod)
+        yield from _role_families(name, snaps)
 
     def describe(self):  # type: ignore[override]
         return []
+
+
+def _role_families(name: str, snaps: list) -> list[GaugeMetricFamily]:
+    """inference_pool_role_*: the pool gauges per `llm-d.ai/role` (not upstream names;
+    upstream has no per-role view), for the load-based planner in a P/D pool."""
+    from epp.roles import pool_samples
+
+    labels = ["name", "role"]
+    fams = {
+        "ready_pods": GaugeMetricFamily(
+            "inference_pool_role_ready_pods", "Ready pods of each role", labels=labels
+        ),
+        "queue": GaugeMetricFamily(
+            "inference_pool_role_queue_size",
+            "Pending requests summed over the role's pods (prefill load)",
+            labels=labels,
+        ),
+        "running": GaugeMetricFamily(
+            "inference_pool_role_running_requests",
+            "Running requests summed over the role's pods",
+            labels=labels,
+        ),
+        "kv": GaugeMetricFamily(
+            "inference_pool_role_average_kv_cache_utilization",
+            "Average KV cache utilization over the role's pods (decode load)",
+            labels=labels,
+        ),
+    }
+    for sample in pool_samples(snaps):
+        role = [name, str(sample.role)]
+        fams["ready_pods"].add_metric(role, sample.ready)
+        fams["queue"].add_metric(role, sample.waiting)
+        fams["running"].add_metric(role, sample.running)
+        fams["kv"].add_metric(role, sample.kv_mean)
+    return list(fams.values())
 
 
 _pool_collector: PoolCollector | None = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from epp.completion import ResponseObserver
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
@@ -67,6 +68,9 @@ class ServeOptions:
     # `extra_endpoints` (from --endpoint flags) stay beside it.
     watch_file: str | None = None
     extra_endpoints: list[Endpoint] = field(default_factory=list)
+    # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
+    # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
+    response_path: bool = True
 
 
 class EppServer:
@@ -91,6 +95,10 @@ class EppServer:
         handle.on_pool_change = self.datastore.on_change
         self.director = Director(
             self.datastore, self.config.scheduler, self.config.pre_request, rng
+        )
+        # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
+        self.observer = (
+            ResponseObserver(self.config.post_response) if options.response_path else None
         )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
         self.scraper: MetricsScraper | None = None
@@ -117,7 +125,13 @@ class EppServer:
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
             )
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
-            self.director, self.datastore, o.host, o.grpc_port, o.health_port, limits=o.limits
+            self.director,
+            self.datastore,
+            o.host,
+            o.grpc_port,
+            o.health_port,
+            observer=self.observer,
+            limits=o.limits,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -210,6 +224,7 @@ async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[
                 "kv_cache_usage": s.metrics.kv_cache_usage,
                 "inflight_requests": s.inflight_requests,
                 "inflight_tokens": s.inflight_tokens,
+                "inflight_prefill_tokens": s.inflight_prefill_tokens,
             }
             for s in ds.snapshot()
         ]
@@ -328,6 +343,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pool-name", default="default", help="the name label of inference_pool_* gauges"
     )
+    p.add_argument(
+        "--response-path",
+        choices=["on", "off"],
+        default="on",
+        help="measure responses (TTFT, ITL, usage, metrics, PostResponse plugins) and hold "
+        "in-flight counts until each response ends (on, the default; Envoy must send the "
+        "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
+        "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -365,6 +389,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
+        response_path=args.response_path == "on",
     )
     return opts, config
 

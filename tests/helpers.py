@@ -18,6 +18,7 @@ def snap(
     kv: float = 0.0,
     labels: dict[str, str] | None = None,
     inflight_tokens: int = 0,
+    inflight_prefill_tokens: int = 0,
     port: int | None = None,
     healthy: bool = True,
 ) -> EndpointSnapshot:
@@ -28,6 +29,7 @@ def snap(
             waiting_queue_size=queue, running_requests=running, kv_cache_usage=kv
         ),
         inflight_tokens=inflight_tokens,
+        inflight_prefill_tokens=inflight_prefill_tokens,
         healthy=healthy,
     )
 

@@ -135,9 +135,17 @@ def response_headers_passthrough() -> pb.ProcessingResponse:
 
 
 def response_body_passthrough(body: pb.HttpBody, streamed: bool) -> list[pb.ProcessingResponse]:
-    if streamed:
+    """The same bytes back (FULL_DUPLEX_STREAMED: Envoy forwards only what we return);
+    an empty answer in the other modes, where Envoy keeps the chunk it sent."""
+    if not streamed:
+        return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+    if len(body.body) > MAX_STREAMED_CHUNK:
         return streamed_body_responses(body.body, body.end_of_stream, request=False)
-    return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
+    resp = pb.ProcessingResponse()  # one chunk, the common case: built in place
+    out = resp.response_body.response.body_mutation.streamed_response
+    out.body = body.body
+    out.end_of_stream = body.end_of_stream
+    return [resp]
 
 
 def response_trailers_passthrough() -> pb.ProcessingResponse:

@@ -1,7 +1,8 @@
 """The gRPC side: the ext_proc servicer and the health service.
 
-One `RequestStream` per `Process` call; whatever way the stream ends (end of request,
-Envoy closing it, cancellation) its `close()` runs and in-flight counts are given back.
+One `RequestStream` per `Process` call; whatever way the stream ends (end of response,
+Envoy closing it, cancellation) its `close()` runs and in-flight counts are given back
+(exactly once: the end of the response usually gave them back already).
 The servicer owns what spans streams: the server-wide body budget, the body deadline
 (a request not complete within `body_timeout` gets 408), and draining (on SIGTERM new
 streams are refused while open ones finish).
@@ -19,6 +20,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
 from epp.extproc.stream import Phase, RequestStream
@@ -52,15 +54,22 @@ class StreamLimits:
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, director: Director, limits: StreamLimits | None = None) -> None:
+    def __init__(
+        self,
+        director: Director,
+        limits: StreamLimits | None = None,
+        observer: ResponseObserver | None = None,
+    ) -> None:
         self.director = director
         self.limits = limits or StreamLimits()
         self.max_body_bytes = self.limits.max_body_bytes
+        self.observer = observer
         self.budget = BodyBudget(self.limits.max_buffered_bytes)
         self.open_streams = 0
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._warned_no_response = False
 
     async def Process(
         self,
@@ -73,6 +82,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         stream = RequestStream(
             self.director,
             lim.max_body_bytes,
+            self.observer,
             body_limits=lim.body,
             header_limits=lim.headers,
             budget=self.budget,
@@ -98,6 +108,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     break
                 for resp in await stream.handle_async(msg):
                     yield resp
+            self._check_response_phases(stream)
         finally:
             self.open_streams -= 1
             if not self.open_streams:
@@ -112,6 +123,20 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         except TimeoutError:
             return False
         return True
+
+    def _check_response_phases(self, stream: RequestStream) -> None:
+        """Envoy closed a routed stream without sending its response: its config skips
+        the response phases, so in-flight counts end at routing. Say so once."""
+        if self.observer is None or self._warned_no_response or stream.phase is not Phase.ROUTED:
+            return
+        self._warned_no_response = True
+        log.warning(
+            "the response path is on but Envoy sent no response phases: in-flight counts "
+            "end at routing and no response is measured. Set the ext_proc processing_mode "
+            "response_header_mode SEND, response_body_mode FULL_DUPLEX_STREAMED, "
+            "response_trailer_mode SEND (deploy/envoy/envoy.yaml), or run with "
+            "--response-path off"
+        )
 
 
 class HealthReporter:
@@ -145,6 +170,7 @@ async def start_grpc_servers(
     grpc_port: int,
     health_port: int,
     max_body_bytes: int | None = None,
+    observer: ResponseObserver | None = None,
     limits: StreamLimits | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, ExtProcServicer, HealthReporter, int, int]:
     """Start the ext_proc server (also answering health) and the separate health server.
@@ -157,7 +183,7 @@ async def start_grpc_servers(
     if limits is None:
         limits = StreamLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     health_reporter = HealthReporter(datastore)
-    servicer = ExtProcServicer(director, limits=limits)
+    servicer = ExtProcServicer(director, limits, observer)
     options = [
         ("grpc.max_receive_message_length", limits.max_body_bytes + 1024 * 1024),
         ("grpc.max_send_message_length", limits.max_body_bytes + 1024 * 1024),

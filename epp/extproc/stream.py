@@ -17,6 +17,15 @@ Body modes differ in what Envoy waits for:
   destination travels as a header mutation on the body response.
 - STREAMED: like BUFFERED, but one response per chunk; held until the last chunk so
   the destination is known, the first carrying the header mutation.
+
+The response (when Envoy sends it: response headers SEND, body FULL_DUPLEX_STREAMED,
+trailers SEND) passes through unchanged: headers answered at once, every body chunk
+answered with a `streamed_response` of the same bytes (in FULL_DUPLEX_STREAMED Envoy
+forwards only what the processor sends back). On the way the `ResponseMeter` notes the
+first token (the request's prompt stops counting as in-flight prefill) and the end
+(last body chunk, trailers, or headers with end_of_stream), where the in-flight counts
+are given back and the observer gets the request's record. A stream that ends before
+its response did (client gone, upstream reset) gives them back in `close()`.
 """
 
 from __future__ import annotations
@@ -24,10 +33,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
+from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.completion import ResponseObserver, build_record
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
@@ -35,6 +47,7 @@ from epp.extproc.refusals import RefusalLog
 from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
+from epp.response import ResponseMeter
 
 log = logging.getLogger("epp.extproc")
 
@@ -58,14 +71,21 @@ class Phase(enum.Enum):
     AWAIT_HEADERS = "await_headers"
     GATHER_BODY = "gather_body"
     ROUTED = "routed"
+    RESPONDING = "responding"  # response headers seen, body streaming
+    DONE = "done"  # the response ended; in-flight given back
     REJECTED = "rejected"
 
 
 class RequestStream:
+    """`observer` None switches the response measurement off (`--response-path off`):
+    response phases, if Envoy sends them, still pass through and end the in-flight hold."""
+
     def __init__(
         self,
         director: Director,
         max_body_bytes: int,
+        observer: ResponseObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
         refusals: RefusalLog = REFUSALS,
         *,
         body_limits: BodyLimits = DEFAULT_BODY_LIMITS,
@@ -74,6 +94,8 @@ class RequestStream:
     ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
+        self.observer = observer
+        self.clock = clock
         self.refusals = refusals
         self.body_limits = body_limits
         self.header_limits = header_limits or HeaderLimits()
@@ -89,6 +111,9 @@ class RequestStream:
         self._chunks: list[bytes] = []
         self._size = 0
         self._generated_id = False
+        self.routed_at = 0.0
+        self.status = 0
+        self.meter: ResponseMeter | None = None
         # (raw body, parse outcome) when handle_async parsed the body in a worker thread
         self._preparsed: tuple[bytes, tuple[InferenceRequest, bytes | None] | Exception] | None
         self._preparsed = None
@@ -109,11 +134,11 @@ class RequestStream:
             if kind == "request_trailers":
                 return self._on_request_trailers()
             if kind == "response_headers":
-                return [m.response_headers_passthrough()]
+                return self._on_response_headers(msg.response_headers)
             if kind == "response_body":
-                streamed = self.response_body_mode == FULL_DUPLEX
-                return m.response_body_passthrough(msg.response_body, streamed)
+                return self._on_response_body(msg.response_body)
             if kind == "response_trailers":
+                self._end_response(complete=True)
                 return [m.response_trailers_passthrough()]
         except EppError as e:
             return self._reject(e)
@@ -168,8 +193,65 @@ class RequestStream:
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
         self._drop_body()
-        if self.decision is not None:
-            self.director.release(self.decision)
+        if self.decision is not None and self.phase is not Phase.DONE:
+            self._end_response(complete=False)
+
+    # ---- response phases --------------------------------------------------
+    def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
+        self.phase = Phase.RESPONDING
+        if self.observer is not None and self.decision is not None:
+            h = m.header_map(headers)
+            status = h.get(":status", "")
+            self.status = int(status) if status.isdigit() else 0
+            streamed = h.get("content-type", "").startswith("text/event-stream")
+            self.meter = ResponseMeter(streamed)
+        if headers.end_of_stream:
+            self._end_response(complete=True)
+        return [m.response_headers_passthrough()]
+
+    def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
+        meter, decision = self.meter, self.decision
+        if meter is not None and decision is not None:
+            try:
+                if meter.feed(body.body, self.clock()):
+                    self.director.first_token(decision)
+            except Exception:
+                self._measurement_failed()
+        out = m.response_body_passthrough(body, self.response_body_mode == FULL_DUPLEX)
+        if body.end_of_stream:
+            self._end_response(complete=True)
+        return out
+
+    def _end_response(self, complete: bool) -> None:
+        """Exactly once per stream: in-flight given back, the record to the observer."""
+        if self.phase is Phase.DONE:
+            return
+        self.phase = Phase.DONE
+        decision, request = self.decision, self.request
+        if decision is None:
+            return
+        now = self.clock()
+        try:
+            if self.meter is not None and self.meter.finish(now):
+                self.director.first_token(decision)
+        except Exception:
+            self._measurement_failed()
+        self.director.release(decision)
+        if self.observer is None or request is None or decision.result is None:
+            return
+        # No meter on a complete response = its measurement failed: no record.
+        if self.meter is not None or not complete:
+            record = build_record(
+                request, decision, self.meter, self.status, self.routed_at, now, complete
+            )
+            self.observer.finished(request, decision, record)
+
+    def _measurement_failed(self) -> None:
+        """A bug in measuring must not cost the response: the rest passes through
+        unmeasured and no record is made (a half-measured one would mislead)."""
+        rid = self.request.request_id if self.request else "-"
+        log.exception("measuring the response of request %s failed; passing it through", rid)
+        self.meter = None
 
     def _drop_body(self) -> None:
         self._chunks = []
@@ -193,6 +275,7 @@ class RequestStream:
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
+            self.routed_at = self.clock()
             self.phase = Phase.ROUTED
             return [
                 m.headers_response(
@@ -245,6 +328,7 @@ class RequestStream:
                 raise outcome
             req, new_body = outcome
         self.decision = self.director.route(req, self.subset)
+        self.routed_at = self.clock()
         self.phase = Phase.ROUTED
         body = new_body if new_body is not None else raw
         mutation = m.header_mutation(self._routing_headers(body), self._removals())

@@ -57,8 +57,10 @@ class EnvoyOptions:
     listen_address: str = "0.0.0.0"
     admin_address: str = "127.0.0.1"
     request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
-    response_headers: bool = False
-    response_body_mode: BodyMode = "NONE"
+    # The response path, as deploy/envoy/envoy.yaml ships it; `response_path_off()` gives
+    # the options for an EPP run with --response-path off.
+    response_headers: bool = True
+    response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     # None keeps the file's value; tests shorten it so a restarted EPP is seen healthy sooner.
     health_check_interval_s: float | None = None
 

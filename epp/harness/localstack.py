@@ -24,9 +24,11 @@ def start_epp_behind_envoy(
     pg: ProcessGroup,
     epp_args: Sequence[str],
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
+    response_path: bool = True,
 ) -> tuple[RunningEnvoy, int]:
     """`epp serve` (with `epp_args`: endpoints, config) and a real Envoy in front of it,
-    on free loopback ports; returns Envoy and the EPP's metrics port.
+    on free loopback ports; returns Envoy and the EPP's metrics port. `response_path`
+    False runs both without the response phases (`--response-path off`).
 
     The one way the demo, the e2e tests and the benchmarks put the EPP in front of any
     set of model servers (simulators or real vLLM).
@@ -34,6 +36,7 @@ def start_epp_behind_envoy(
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
     argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port), *epp_args]
+    argv += ["--response-path", "on" if response_path else "off"]
     pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
     envoy = start_envoy(
         pg,
@@ -44,6 +47,8 @@ def start_epp_behind_envoy(
             epp_health_port=health_port,
             listen_address="127.0.0.1",
             request_body_mode=request_body_mode,
+            response_headers=response_path,
+            response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",
         ),
         timeout=60,
     )
@@ -93,6 +98,7 @@ class LocalStack:
     per_sim_args: dict[int, Sequence[str]] = field(default_factory=dict)
     epp_args: Sequence[str] = ()
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
+    response_path: bool = True
     run_dir: Path | None = None
     sims: list[SimProcess] = field(default_factory=list)
     pg: ProcessGroup | None = None
@@ -114,7 +120,10 @@ class LocalStack:
                     self.sims.append(sim)
                 endpoint_args = [f"--endpoint={s.name}={s.hostport}" for s in self.sims]
             self.envoy, self.epp_metrics_port = start_epp_behind_envoy(
-                self.pg, [*endpoint_args, *self.epp_args], self.request_body_mode
+                self.pg,
+                [*endpoint_args, *self.epp_args],
+                self.request_body_mode,
+                self.response_path,
             )
         except BaseException:
             self.stop()

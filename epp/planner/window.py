@@ -32,6 +32,9 @@ class RequestRecord:
     duration_s: float
     cached_tokens: int = 0
     ok: bool = True
+    endpoint: str = ""  # the endpoint that answered (the primary pick)
+    role: Role | None = None  # its role; None when not known
+    status: int = 0  # HTTP status of the response; 0 when none arrived (reset, disconnect)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from epp.request import InferenceRequest
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult, ScoredEndpoint
 
 if TYPE_CHECKING:
+    from epp.planner.window import RequestRecord
     from epp.scheduling.profile import SchedulerProfile
 
 
@@ -130,9 +131,13 @@ class Lifecycle(Protocol):
 
 @runtime_checkable
 class PostResponse(Protocol):
+    """Called once per routed request when its response ended (or the stream did):
+    `response` is what the response path measured (status, TTFT, ITL, usage),
+    `endpoint` the primary pick as routing saw it. Needs `epp serve --response-path on`."""
+
     name: str
     type_name: str
 
     def post_response(
-        self, request: InferenceRequest, response: object, endpoint: EndpointSnapshot
+        self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
     ) -> None: ...

@@ -10,7 +10,7 @@ prefixcacheaffinity/plugin.go`, whose behaviour and defaults these are):
 - exploration: with probability `explorationProbability` keep everything, so other
   endpoints get to warm up their caches (llm-d's default 0 — off; GIE's is 0.01);
 - the TTFT load gate: each endpoint's TTFT is estimated as
-  `inflight_tokens / peakPrefillThroughput × 1000` ms (llm-d's formula exactly); if the best
+  `inflight_prefill_tokens / peakPrefillThroughput × 1000` ms (llm-d's formula exactly); if the best
   sticky estimate exceeds the best non-sticky one by more than `maxTTFTPenaltyMs`, keep
   everything (stickiness broken). 0 turns the gate off (always stick).
 
@@ -18,9 +18,10 @@ No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cy
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
 TTFT estimate is llm-d's: 15,928 tok/s is Qwen 32B on 2×H100 (TP 2) with vLLM 0.19, so
 retune it per deployment. GIE's variant (exploration 0.01, penalty 5,000 ms) takes TTFT
-from a latency predictor this EPP does not have. Caveat: this EPP's in-flight tokens count
-prompt + expected output until the response ends, where llm-d counts only uncached prompt
-tokens until the first chunk, so the same penalty trips earlier here.
+from a latency predictor this EPP does not have. The prefill tokens are, as in llm-d, the
+prompt tokens of requests that have not had their first token yet (released by the response
+path); llm-d subtracts the cached part, this EPP counts the whole prompt estimate, so the
+same penalty trips somewhat earlier here.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class PrefixCacheAffinityFilter(Plugin):
 
     def ttft_ms(self, endpoint: EndpointSnapshot) -> float:
         """Estimated time to first token: the in-flight tokens ahead of it, prefilled at peak."""
-        return endpoint.inflight_tokens / self.peak * 1000.0
+        return endpoint.inflight_prefill_tokens / self.peak * 1000.0
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]

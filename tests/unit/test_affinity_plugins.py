@@ -325,28 +325,31 @@ def test_affinity_ttft_gate_breaks_stickiness():
         "prefix-cache-affinity-filter", {"peakPrefillThroughput": 1000, "maxTTFTPenaltyMs": 5000}
     )
     state = prefix_state(a=10, b=10)
-    busy = snap("a", inflight_tokens=10_000)  # 10,000 ms
-    idle_sticky = snap("b", inflight_tokens=0)
+    busy = snap("a", inflight_prefill_tokens=10_000)  # 10,000 ms
+    idle_sticky = snap("b", inflight_prefill_tokens=0)
     assert f.ttft_ms(busy) == 10_000.0
     # Best sticky (b: 0 ms) is the one that counts: stays sticky.
-    eps = [busy, idle_sticky, snap("c", inflight_tokens=0)]
+    eps = [busy, idle_sticky, snap("c", inflight_prefill_tokens=0)]
     assert names(f.filter(state, req(), eps)) == ["a", "b"]
     only_busy = prefix_state(a=10)
-    other_4s = snap("c", inflight_tokens=4_000)  # 10,000 − 4,000 = 6,000 > 5,000: break
+    other_4s = snap("c", inflight_prefill_tokens=4_000)  # 10,000 − 4,000 = 6,000 > 5,000: break
     assert names(f.filter(only_busy, req(), [busy, other_4s])) == ["a", "c"]
-    other_6s = snap("c", inflight_tokens=6_000)  # 4,000 ≤ 5,000: stick
+    other_6s = snap("c", inflight_prefill_tokens=6_000)  # 4,000 ≤ 5,000: stick
     assert names(f.filter(only_busy, req(), [busy, other_6s])) == ["a"]
 
 
 def test_affinity_ttft_gate_defaults_are_llm_d_and_zero_turns_it_off():
     f = make("prefix-cache-affinity-filter")
     state = prefix_state(a=10)
-    assert f.ttft_ms(snap("a", inflight_tokens=15_928)) == pytest.approx(1000.0)
+    assert f.ttft_ms(snap("a", inflight_prefill_tokens=15_928)) == pytest.approx(1000.0)
     # 18,000 ms at 15,928 tok/s is 286,704 tokens more than the best other endpoint.
-    assert names(f.filter(state, req(), [snap("a", inflight_tokens=280_000), B])) == ["a"]
-    assert names(f.filter(state, req(), [snap("a", inflight_tokens=300_000), B])) == ["a", "b"]
+    assert names(f.filter(state, req(), [snap("a", inflight_prefill_tokens=280_000), B])) == ["a"]
+    assert names(f.filter(state, req(), [snap("a", inflight_prefill_tokens=300_000), B])) == [
+        "a",
+        "b",
+    ]
     off = make("prefix-cache-affinity-filter", {"maxTTFTPenaltyMs": 0})
-    assert names(off.filter(state, req(), [snap("a", inflight_tokens=10**9), B])) == ["a"]
+    assert names(off.filter(state, req(), [snap("a", inflight_prefill_tokens=10**9), B])) == ["a"]
 
 
 def test_affinity_params_are_checked():

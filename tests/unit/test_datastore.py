@@ -85,3 +85,19 @@ async def test_listener_subscribed_in_a_loop_is_called_on_that_loop_thread():
     ds.set_endpoints([])
     await asyncio.sleep(0)
     assert len(called_on) == 1
+
+
+def test_prompt_tokens_leave_at_first_token_output_tokens_at_the_end():
+    ds = Datastore(require_metrics=False)
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80)])
+    ds.acquire("a", prompt_tokens=100, output_tokens=30)
+    ds.acquire("a", prompt_tokens=50, output_tokens=20)
+    (s,) = ds.snapshot()
+    # tokens = prompts 100 + 50 + outputs 30 + 20; prefill = prompts only
+    assert (s.inflight_requests, s.inflight_tokens, s.inflight_prefill_tokens) == (2, 200, 150)
+    ds.prefill_done("a", 100)  # the first request's first token
+    (s,) = ds.snapshot()
+    assert (s.inflight_requests, s.inflight_tokens, s.inflight_prefill_tokens) == (2, 100, 50)
+    ds.release("a", prompt_tokens=0, output_tokens=30)  # it ends
+    ds.release("a", prompt_tokens=50, output_tokens=20)  # the other ends before any token
+    assert ds.inflight("a") == (0, 0) and ds.snapshot()[0].inflight_prefill_tokens == 0

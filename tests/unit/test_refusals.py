@@ -71,7 +71,7 @@ def test_a_refused_stream_logs_its_request_id_and_reason(caplog):
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     director, _ = make_director(models=["m"])
     refusals = RefusalLog(logging.getLogger(LOGGER), clock=Clock())
-    stream = RequestStream(director, 1 << 20, refusals)
+    stream = RequestStream(director, 1 << 20, refusals=refusals)
     stream.handle(headers_msg(BASE_HEADERS))
     (resp,) = stream.handle(body_msg(b'{"model": "unknown", "prompt": "x"}', True))
     assert resp.immediate_response.status.code == 404

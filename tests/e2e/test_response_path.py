@@ -1,0 +1,151 @@
+"""The response path through a real Envoy, `epp serve` and `epp sim`: streams reach the
+client chunk by chunk and unchanged, the EPP's in-flight count lasts exactly as long as
+the response (end, client disconnect, upstream failure), and usage/TTFT are recorded."""
+
+import asyncio
+import json
+import re
+import urllib.request
+
+import aiohttp
+import pytest
+
+from epp.harness.localstack import LocalStack
+
+pytestmark = pytest.mark.e2e
+
+# 40 ms per output token: a 40-token stream generates for ~1.6 s, long enough to look
+# at the EPP while it runs and for every token to be its own chunk on the wire.
+SIM_ARGS = ["--decode-ms-per-token", "40", "--prefill-ms-per-token", "0.02"]
+TOKENS = 40
+STREAM = {
+    "model": "tiny",
+    "prompt": "Tell me about streaming.",
+    "max_tokens": TOKENS,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+TIMEOUT = aiohttp.ClientTimeout(total=60)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with LocalStack(n_sims=1, sim_args=SIM_ARGS) as st:
+        yield st
+
+
+def inflight(stack) -> int:
+    url = stack.epp_metrics_url + "/debug/endpoints"
+    rows = json.loads(urllib.request.urlopen(url, timeout=5).read())
+    return sum(r["inflight_requests"] for r in rows)
+
+
+async def wait_inflight_zero(stack, timeout: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while inflight(stack) != 0:
+        assert loop.time() < deadline, f"in-flight still {inflight(stack)} after {timeout}s"
+        await asyncio.sleep(0.05)
+
+
+def metric(stack, name: str) -> float:
+    """Sum of one series over all label sets (e.g. `..._sum`, `..._count`)."""
+    text = urllib.request.urlopen(stack.epp_metrics_url + "/metrics", timeout=5).read().decode()
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", re.M)
+    return sum(float(v) for v in pattern.findall(text))
+
+
+def events(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+
+
+def texts(raw: bytes) -> list[str]:
+    return [json.loads(e)["choices"][0]["text"] for e in events(raw)[:-1] if '"choices": [{' in e]
+
+
+async def test_stream_arrives_chunk_by_chunk_unchanged_and_holds_inflight_until_it_ends(stack):
+    ttft_before = metric(stack, "inference_objective_request_ttft_seconds_count")
+    out_before = metric(stack, "inference_objective_output_tokens_sum")
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with session.post(stack.url + "/v1/completions", json=STREAM) as r:
+            assert r.status == 200
+            chunks = [await r.content.readany()]
+            # The first token is at the client while the model still generates: nothing
+            # is buffered, and the EPP still counts the request.
+            during = inflight(stack)
+            async for data in r.content.iter_any():
+                chunks.append(data)
+        # The same request straight to the simulator, for the bytes the client should see.
+        async with session.post(stack.sims[0].url + "/v1/completions", json=STREAM) as r:
+            direct = await r.read()
+    await wait_inflight_zero(stack)
+    assert during == 1
+    via_envoy = b"".join(chunks)
+    assert texts(via_envoy) == texts(direct) and len(texts(direct)) == TOKENS
+    assert len(events(via_envoy)) == len(events(direct))  # 40 tokens + usage + [DONE]
+    # Chunk by chunk: 40 tokens 40 ms apart reach the client as (nearly) 40 reads; a
+    # buffering proxy would deliver one or two.
+    assert len(chunks) >= TOKENS // 2, len(chunks)
+    usage = json.loads(events(via_envoy)[-2])["usage"]
+    assert usage["completion_tokens"] == TOKENS
+    await asyncio.sleep(0)  # the record is written before in-flight reads 0; metrics too
+    assert metric(stack, "inference_objective_request_ttft_seconds_count") == ttft_before + 1
+    assert metric(stack, "inference_objective_output_tokens_sum") == out_before + TOKENS
+
+
+async def test_non_streamed_response_records_usage_and_ttft(stack):
+    ttft_before = metric(stack, "inference_objective_request_ttft_seconds_count")
+    in_before = metric(stack, "inference_objective_input_tokens_sum")
+    body = {"model": "tiny", "prompt": "Tell me about JSON.", "max_tokens": 5}
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+        session.post(stack.url + "/v1/completions", json=body) as r,
+    ):
+        assert r.status == 200
+        reply = await r.json()
+    await wait_inflight_zero(stack)
+    assert metric(stack, "inference_objective_request_ttft_seconds_count") == ttft_before + 1
+    # The histogram took the server's own prompt count (usage), not the EPP's estimate.
+    expected = in_before + reply["usage"]["prompt_tokens"]
+    assert metric(stack, "inference_objective_input_tokens_sum") == expected
+
+
+async def test_client_disconnect_mid_stream_releases_inflight(stack):
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        r = await session.post(stack.url + "/v1/completions", json=STREAM)
+        assert r.status == 200
+        await r.content.readany()
+        assert inflight(stack) == 1
+        r.close()  # drop the connection mid-stream
+    await wait_inflight_zero(stack)
+
+
+async def test_upstream_error_status_passes_through_and_releases_inflight(stack):
+    sim = stack.sims[0].url + "/admin"
+    set_faults = urllib.request.Request(sim, data=b'{"fail_rate": 1.0}', method="POST")
+    urllib.request.urlopen(set_faults, timeout=5).read()
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(stack.url + "/v1/completions", json=STREAM) as r,
+        ):
+            status, body = r.status, await r.read()
+    finally:
+        reset = urllib.request.Request(sim, data=b'{"fail_rate": 0.0}', method="POST")
+        urllib.request.urlopen(reset, timeout=5).read()
+    assert status == 500 and b"error" in body
+    await wait_inflight_zero(stack)
+
+
+async def test_upstream_dying_mid_stream_releases_inflight():
+    with LocalStack(n_sims=1, sim_args=SIM_ARGS) as st:
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(st.url + "/v1/completions", json=STREAM) as r,
+        ):
+            await r.content.readany()
+            assert inflight(st) == 1
+            st.kill_sim(0)  # SIGKILL: the upstream connection resets mid-stream
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        await wait_inflight_zero(st)
