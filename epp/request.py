@@ -112,13 +112,15 @@ def new_request(headers: Mapping[str, str], path: str, method: str) -> Inference
         path=path,
         method=method,
         headers=headers,
-        objective=headers.get(OBJECTIVE) or None,
-        fairness_id=headers.get(FAIRNESS_ID) or None,
+        objective=valid_request_id(headers.get(OBJECTIVE)),
+        fairness_id=valid_request_id(headers.get(FAIRNESS_ID)),
     )
 
 
 def valid_request_id(value: str | None) -> str | None:
-    """`value` if it is an acceptable request id (see _REQUEST_ID_OK), else None."""
+    """`value` if it is an acceptable request id (see _REQUEST_ID_OK), else None. The
+    objective and fairness-id headers (client-chosen by design, as in GIE) are held to
+    the same rule: a value that is not a short printable token is ignored."""
     return value if value and _REQUEST_ID_OK.fullmatch(value) else None
 
 
