@@ -30,8 +30,9 @@ fuzz: $(STAMP)
 	  tests/unit/test_fuzz_stream.py
 
 # Known vulnerabilities in the installed dependencies (needs the network: not in `make test`).
+# --strict: a package that could not be looked up fails the audit instead of passing silently.
 audit: $(STAMP)
-	$(BIN)/pip-audit --local --skip-editable --progress-spinner off
+	$(BIN)/pip-audit --local --skip-editable --progress-spinner off --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check epp plugins tests bench

@@ -44,7 +44,7 @@ from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
 from epp.extproc.refusals import RefusalLog
-from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
+from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
@@ -263,14 +263,11 @@ class RequestStream:
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.AWAIT_HEADERS:
             raise EppError(400, "request headers received twice on one stream")
-        pairs = msg.request_headers.headers.headers
-        self.header_limits.check(
-            len(pairs), sum(len(h.key) + len(h.raw_value or h.value) for h in pairs)
-        )
         headers = m.header_map(msg.request_headers)
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
         # Set on the upstream request when missing or replaced (invalid: see request.py).
         self._generated_id = req.request_id != headers.get(REQUEST_ID)
+        self._check_header_limits(msg.request_headers, headers)
         self.request = req
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
@@ -289,6 +286,21 @@ class RequestStream:
             return []
         # Envoy waits for this answer before it sends the body.
         return [m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))]
+
+    def _check_header_limits(self, raw: pb.HttpHeaders, headers: dict[str, str]) -> None:
+        """431 if the EPP's own headers would push the request over Envoy's limits: the
+        destination and x-prefiller-host-port (unless the client sent them: they are
+        overwritten), x-request-id when it is generated, content-length when absent."""
+        pairs = raw.headers.headers
+        regular = sum(1 for h in pairs if not h.key.startswith(":"))
+        size = sum(len(h.key) + len(h.raw_value or h.value) for h in pairs)
+        added = (
+            (DESTINATION_ENDPOINT not in headers)
+            + (PREFILLER_HOST_PORT not in headers)
+            + (self._generated_id and REQUEST_ID not in headers)
+            + ("content-length" not in headers and not raw.end_of_stream)
+        )
+        self.header_limits.check(regular, size, added)
 
     def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.GATHER_BODY:

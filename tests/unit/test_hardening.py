@@ -6,8 +6,8 @@ import json
 import pytest
 
 from epp.extproc.stream import Phase, RequestStream
-from epp.headers import REQUEST_ID
-from epp.limits import HEADERS_ADDED, BodyBudget, BodyLimits, HeaderLimits
+from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID
+from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import MAX_REQUEST_ID_CHARS
 from tests.unit.test_stream import BASE_HEADERS, body_msg, headers_msg, make_director
 
@@ -93,24 +93,33 @@ def test_a_prompt_over_the_token_limit_is_a_400_context_length_exceeded():
 
 
 def many_headers(n: int) -> dict[str, str]:
-    """BASE_HEADERS (3) plus filler up to n headers."""
-    return {**BASE_HEADERS, **{f"x-filler-{i}": "v" for i in range(n - len(BASE_HEADERS))}}
+    """BASE_HEADERS (:path, :method, x-request-id) plus filler: n regular headers."""
+    return {**BASE_HEADERS, **{f"x-filler-{i}": "v" for i in range(n - 1)}}
 
 
 def test_headers_that_would_cross_the_gateway_limit_with_the_epps_own_get_431():
     limits = HeaderLimits(max_count=100)
     director, _ = make_director()
-    # 100 - 4 added by the EPP = 96 is the most a client may send
+    # The EPP adds x-gateway-destination-endpoint and x-prefiller-host-port (2; the
+    # client's valid x-request-id is kept), content-length if absent (1); Envoy adds 3.
+    # 95 regular headers with content-length: 95 + 2 + 3 = 100 fits;
+    # without it: 95 + 3 + 3 = 101 does not.
+    ok = {**many_headers(94), "content-length": "10"}  # 95 regular
     s = RequestStream(director, 1 << 20, header_limits=limits)
-    assert s.handle(headers_msg(many_headers(100 - HEADERS_ADDED))) == []
+    assert s.handle(headers_msg(ok)) == []
     s = RequestStream(director, 1 << 20, header_limits=limits)
-    (resp,) = s.handle(headers_msg(many_headers(100 - HEADERS_ADDED + 1)))
+    (resp,) = s.handle(headers_msg(many_headers(95)))  # 95 regular, no content-length
     ir = resp.immediate_response
     assert ir.status.code == 431
     assert json.loads(ir.body)["error"]["message"].startswith(
-        "request has 97 headers; the gateway allows 100 including the 4"
+        "request has 95 headers; the gateway allows 100 including the 3 the endpoint picker "
+        "adds and 3 Envoy adds"
     )
     assert s.phase is Phase.REJECTED
+    # A client copy of the routing headers is overwritten, not added: it costs nothing more.
+    spoof = {**many_headers(93), "content-length": "10", DESTINATION_ENDPOINT: "6.6.6.6:1"}
+    s = RequestStream(director, 1 << 20, header_limits=limits)
+    assert s.handle(headers_msg({**spoof, PREFILLER_HOST_PORT: "6.6.6.6:2"})) == []  # 96 + 1 + 3
 
 
 def test_header_bytes_over_the_gateway_limit_get_431():
