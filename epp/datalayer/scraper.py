@@ -73,6 +73,10 @@ class ScrapeConfig:
     insecure_skip_verify: bool = True
     models_interval: float = 5.0
     models_path: str = "/v1/models"
+    # A /metrics page larger than this is a failed scrape, read no further: a broken or
+    # hostile server must not make the EPP buffer and parse gigabytes on its loop. vLLM's
+    # page is ~20-60 KB (more with per-LoRA series); 16 MiB leaves 300x headroom.
+    max_page_bytes: int = 16 * 1024 * 1024
     default_engine: str = DEFAULT_ENGINE
     engine_label_keys: tuple[str, ...] = ENGINE_LABEL_KEYS
     engines: Mapping[str, EngineMap] = field(default_factory=lambda: dict(ENGINES))
@@ -88,6 +92,8 @@ class ScrapeConfig:
             raise ValueError(f"interval must be > 0 seconds, got {self.interval!r}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.max_page_bytes < 1:
+            raise ValueError(f"max_page_bytes must be >= 1, got {self.max_page_bytes!r}")
         if self.models_interval < 0:
             raise ValueError(f"models_interval must be >= 0, got {self.models_interval!r}")
         get_engine(self.default_engine, self.engines)  # unknown default: fail at start-up
@@ -130,6 +136,18 @@ def _reason(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, aiohttp.ClientError | OSError):
         return f"{type(exc).__name__}: {exc}"[:200]
     return f"internal error: {type(exc).__name__}: {exc}"[:200]
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it passes `limit` bytes (the rest unread)."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in content.iter_chunked(64 * 1024):
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class MetricsScraper:
@@ -305,7 +323,12 @@ class MetricsScraper:
             ) as resp:
                 if resp.status != 200:
                     return f"HTTP {resp.status}"
-                body = await resp.read()
+                limit = self.config.max_page_bytes
+                if (resp.content_length or 0) > limit:
+                    return f"metrics page of {resp.content_length} bytes exceeds {limit}"
+                body = await _read_bounded(resp.content, limit)
+                if body is None:
+                    return f"metrics page exceeds {limit} bytes"
             samples = promtext.parse(body, emap.families)
             metrics = extract(
                 emap, samples, self.datastore.clock(), previous=self.datastore.metrics(ep.name)
