@@ -26,7 +26,8 @@ test: $(STAMP)
 # gives >= 100,000 streams. Result and figure: docs/RELIABILITY.md.
 FUZZ_EXAMPLES ?= 34000
 fuzz: $(STAMP)
-	EPP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+	EPP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EPP_FUZZ_PROGRESS=.fuzz-progress \
+	  $(BIN)/python -m pytest -q -s -p no:cacheprovider \
 	  tests/unit/test_fuzz_stream.py
 
 # Known vulnerabilities in the installed dependencies (needs the network: not in `make test`).

@@ -46,10 +46,14 @@ FUZZ = settings(
 MODES = processing_mode_pb2.ProcessingMode
 PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/x"]
 CONFIG = Path(__file__).parents[2] / "config" / "prefix-aware.yaml"
-STREAMS = {"n": 0}
+STREAMS = {"n": 0, "failed": 0}
+# `make fuzz` writes the running count here every 1,000 streams (a long run's progress).
+PROGRESS = os.environ.get("EPP_FUZZ_PROGRESS")
 
 if LONG_RUN:
-    atexit.register(lambda: print(f"\nfuzz: {STREAMS['n']} streams, 0 failures"))
+    atexit.register(
+        lambda: print(f"\nfuzz: {STREAMS['n']} streams driven, {STREAMS['failed']} failed")
+    )
 
 
 def pool() -> tuple[Director, Datastore]:
@@ -236,6 +240,19 @@ def check_response(resp: object) -> None:
 
 
 def drive(msgs: list[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
+    STREAMS["n"] += 1
+    try:
+        out = _drive(msgs)
+    except BaseException:
+        STREAMS["failed"] += 1
+        raise
+    finally:
+        if PROGRESS and STREAMS["n"] % 1000 == 0:
+            Path(PROGRESS).write_text(f"{STREAMS['n']} streams, {STREAMS['failed']} failed\n")
+    return out
+
+
+def _drive(msgs: list[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
     budget = BodyBudget(1 << 20)
     s = RequestStream(
         DIRECTOR,
@@ -254,7 +271,6 @@ def drive(msgs: list[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
                 out.append(resp)
     finally:
         s.close()
-    STREAMS["n"] += 1
     assert immediate <= 1, "more than one ImmediateResponse on one stream"
     assert budget.held == 0
     assert all(DATASTORE.inflight(e.name) == (0, 0) for e in DATASTORE.endpoints())
