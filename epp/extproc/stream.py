@@ -267,8 +267,8 @@ class RequestStream:
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
         # Set on the upstream request when missing or replaced (invalid: see request.py).
         self._generated_id = req.request_id != headers.get(REQUEST_ID)
+        self.request = req  # before the header check, so a 431 is logged with its id
         self._check_header_limits(msg.request_headers, headers)
-        self.request = req
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
