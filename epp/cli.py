@@ -1,4 +1,4 @@
-"""The `epp` command: serve, sim, demo, bench, plugins, sidecar.
+"""The `epp` command: serve, sim, demo, bench, profile, plugins, sidecar.
 
 Each subcommand's flags and logic live in its own module (`add_arguments`, `run`);
 this file only wires them, so `epp --help` stays the one index of what the tool does.
@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "plugins": ("epp.plugin_list", "list plugin types, their aliases and parameters"),
     "sidecar": ("epp.sidecar.cli", "P/D sidecar of a decode server: remote prefill, then decode"),
+    "profile": (
+        "epp.planner.profiler.cli",
+        "measure OpenAI endpoints for the planner: TTFT/ITL sweeps, NPZ data, recommendation",
+    ),
     "bench": ("epp.harness.bench_cli", "run a benchmark from bench/ (routing)"),
 }
 

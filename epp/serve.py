@@ -1,8 +1,9 @@
 """`epp serve`: the endpoint picker process.
 
-Wires the pieces: endpoints (file and flags) → datastore, the metrics scraper filling
-it, the config's scheduler behind a director, the ext_proc and health gRPC servers and
-the Prometheus /metrics endpoint. `EppServer` is the same thing in-process, for tests.
+Wires the pieces: endpoints (file and flags, or Kubernetes discovery) → datastore, the
+metrics scraper filling it, the config's scheduler behind a director, the ext_proc and
+health gRPC servers and the Prometheus /metrics endpoint. `EppServer` is the same thing
+in-process, for tests.
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ from epp.completion import ResponseObserver
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
+from epp.datalayer import k8s_cli
 from epp.datalayer.endpoints_file import (
     EndpointsError,
     load_endpoints_file,
     parse_endpoint_args,
     watch_endpoints_file,
 )
+from epp.datalayer.k8s_discovery import (
+    KubeConfigError,
+    KubernetesDiscovery,
+    KubeSource,
+    load_api_client,
+)
+from epp.datalayer.k8s_pods import PoolSpecError
 from epp.datalayer.loopclock import LoopClock
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
@@ -68,6 +77,8 @@ class ServeOptions:
     # `extra_endpoints` (from --endpoint flags) stay beside it.
     watch_file: str | None = None
     extra_endpoints: list[Endpoint] = field(default_factory=list)
+    # Kubernetes discovery (--pool-name / --endpoint-selector): it owns the pool.
+    kubernetes: KubeSource | None = None
     # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
     # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
     response_path: bool = True
@@ -104,6 +115,7 @@ class EppServer:
         self.scraper: MetricsScraper | None = None
         self._servers: list = []
         self._watch: asyncio.Task | None = None
+        self.discovery: KubernetesDiscovery | None = None
         self._runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.health_port = 0
@@ -120,6 +132,12 @@ class EppServer:
             self.scraper.start()
         for plugin in self._lifecycle:
             await plugin.start()
+        if o.kubernetes is not None:
+            # In a thread: importing the client's API classes takes seconds of CPU.
+            self.discovery = await asyncio.to_thread(
+                KubernetesDiscovery, o.kubernetes, self.datastore
+            )
+            await self.discovery.start()
         if o.watch_file:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
@@ -175,6 +193,9 @@ class EppServer:
         return done
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
+            self.discovery = None
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
@@ -340,9 +361,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an endpoint whose last good scrape is older is unhealthy (2.0)",
     )
     p.add_argument("--scrape-timeout", type=float, default=1.0, metavar="SECONDS", help="(1.0)")
-    p.add_argument(
-        "--pool-name", default="default", help="the name label of inference_pool_* gauges"
-    )
+    k8s_cli.add_arguments(p)
     p.add_argument(
         "--response-path",
         choices=["on", "off"],
@@ -375,6 +394,9 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         else load_default_config(handle, registry)
     )
     limits = _limits_from_args(args)
+    kube = k8s_cli.source_from_args(args)
+    if kube is not None:
+        load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
     opts = ServeOptions(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -385,10 +407,11 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         refresh_metrics_interval=args.refresh_metrics_interval,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         scrape_timeout=args.scrape_timeout,
-        pool_name=args.pool_name,
+        pool_name=args.pool_name or "default",
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
+        kubernetes=kube,
         response_path=args.response_path == "on",
     )
     return opts, config
@@ -430,11 +453,14 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError, PluginImportError) as e:
+    except (ConfigError, EndpointsError, PluginImportError, PoolSpecError, KubeConfigError) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
-    if not opts.endpoints and not opts.watch_file:
-        log.warning("no endpoints given (--endpoints/--endpoint): every request will get 503")
+    if not opts.endpoints and not opts.watch_file and opts.kubernetes is None:
+        log.warning(
+            "no endpoints given (--endpoints/--endpoint/--pool-name/--endpoint-selector):"
+            " every request will get 503"
+        )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(opts, config, args.seed))
     return 0
@@ -444,10 +470,10 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
     server = EppServer(opts, config, seed)
     await server.start()
     log.info("%s", config.describe())
+    pool = opts.kubernetes.describe() if opts.kubernetes else f"{len(opts.endpoints)} endpoints"
     print(
         f"epp serving ext_proc on {opts.host}:{server.grpc_port} "
-        f"(health {server.health_port}, metrics {server.metrics_port}) "
-        f"with {len(opts.endpoints)} endpoints",
+        f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
     signals = asyncio.Queue[int]()

@@ -4,6 +4,8 @@
 - `metric_maps`: per-engine metric names (vLLM, SGLang, TRT-LLM) → `EndpointMetrics`.
 - `scraper`: `MetricsScraper`, one polling task per endpoint.
 - `endpoints_file`: static endpoints from YAML or `name=host:port;label=value` flags.
+- `k8s_pods` (pure), `k8s_reflector`, `k8s_discovery`, `k8s_cli`: the pool from a GIE
+  InferencePool or a label selector, followed with the official Kubernetes client.
 """
 
 from epp.datalayer.endpoints_file import (

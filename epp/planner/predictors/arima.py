@@ -10,15 +10,22 @@ log space if that fits. Any model failure forecasts the last value. Never negati
 Different from pmdarima's `auto_arima` (not a dependency here: unmaintained, pins old
 numpy), and why:
 - order search: `d` by repeated KPSS tests (alpha 0.05, `d <= 2`, as pmdarima's default
-  `test='kpss'`), then an exhaustive AIC grid over `p, q in {0, 1, 2}` (9 fits) instead
-  of pmdarima's stepwise walk up to 5; AIC is only compared at one `d`, where it is
+  `test='kpss'`), then an exhaustive AIC grid over `p, q in {0, 1, 2}` instead of
+  pmdarima's stepwise walk up to 5; AIC is only compared at one `d`, where it is
   comparable. Intercept for `d = 0`, drift for `d = 1`, none for `d = 2` (pmdarima's
   `with_intercept='auto'`).
-- cost bound: fits use the last `window` values (default 100; pmdarima's `update` kept
-  every point forever). Between searches, each new value is appended to the fitted
-  model with its parameters kept (`append(refit=False)`: a state update, ~ms); the order
-  is searched again every `RESEARCH_EVERY` new values, so the model follows a changing
-  trace where Dynamo's kept the order chosen on its first 5 points forever.
+- sample-size guard: an order is tried only if its estimated parameters (AR + MA +
+  trend + variance) are at most half the points left after differencing. On 5 points
+  that leaves `(0,d,0)`: an ARMA(2,1) fitted on 5 points forecast 23 requests where
+  110 came (Mooncake, 30 s buckets). The collapse rule applies only when the grid
+  offered an AR or MA term, otherwise every model would go log at its 5th point.
+- each new value refits the chosen order's parameters, warm-started from the last
+  ones (what pmdarima's `update` does, a few optimiser steps); the order is searched
+  again every `RESEARCH_EVERY` values, or sooner while the history is short (when it
+  has doubled since the last search), so it follows a changing trace where Dynamo kept
+  the order chosen on its first 5 points forever.
+- cost bound: fits use the last `window` values (default 100; pmdarima's `update`
+  kept every point forever).
 - upper quantile: `get_forecast(h).conf_int`, the model's own prediction interval.
 """
 
@@ -50,8 +57,9 @@ class ArimaPredictor(BufferedPredictor):
         self._log = log1p
         self._res = None  # statsmodels ARIMAResults
         self.order: tuple[int, int, int] | None = None
-        self._pending: list[float] = []
+        self._stale = False  # values arrived since the last fit
         self._since_search = 0
+        self._searched_at = 0  # points in the buffer at the last search
 
     @property
     def log_space(self) -> bool:
@@ -59,7 +67,7 @@ class ArimaPredictor(BufferedPredictor):
         return self._log
 
     def _observe(self, value: float) -> None:
-        self._pending.append(value)
+        self._stale = True
         self._since_search += 1
 
     def _forecast(self, horizon: int) -> float:
@@ -89,25 +97,28 @@ class ArimaPredictor(BufferedPredictor):
         return math.expm1(z) if self._log else z
 
     def _refresh(self) -> None:
-        if self._res is None or self._since_search >= RESEARCH_EVERY:
+        if not self._stale and self._res is not None:
+            return
+        due = min(RESEARCH_EVERY, max(1, self._searched_at))
+        if self._res is None or self._since_search >= due:
             self._search()
-        elif self._pending:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                self._res = self._res.append(self._space(self._pending), refit=False)
-        self._pending.clear()
+        else:
+            assert self.order is not None
+            self._res = fit(self._space(self._buffer), self.order, self._res.params)
+        self._stale = False
 
     def _search(self) -> None:
         values = list(self._buffer)
-        res, order = search_order(self._space(values))
-        if not self._log and order[0] == 0 and order[2] == 0:
+        res, order, had_choice = search_order(self._space(values))
+        if not self._log and had_choice and order[0] == 0 and order[2] == 0:
             try:
-                res, order = search_order(np.log1p(np.asarray(values)))
+                res, order, _ = search_order(np.log1p(np.asarray(values)))
                 self._log = True
             except ValueError:
                 pass  # stay raw, as Dynamo does when the log refit fails
         self._res, self.order = res, order
         self._since_search = 0
+        self._searched_at = len(values)
 
     def _predict(self, horizon: int, q: float | None) -> tuple[float, float]:
         self._refresh()
@@ -143,25 +154,39 @@ def choose_d(y: np.ndarray) -> int:
     return d
 
 
-def search_order(y: np.ndarray):
-    """The lowest-AIC ARIMA(p, d, q), p, q <= MAX_PQ, at the KPSS-chosen d."""
-    d = choose_d(y)
-    best = None
+def fit(y: np.ndarray, order: tuple[int, int, int], start_params=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for p in range(MAX_PQ + 1):
-            for q in range(MAX_PQ + 1):
-                if p + q + d + 1 >= len(y):
-                    continue  # more parameters than points
-                try:
-                    res = ARIMA(y, order=(p, d, q), trend=_TREND[d]).fit()
-                except (ValueError, np.linalg.LinAlgError, IndexError):
-                    continue
-                if math.isfinite(res.aic) and (best is None or res.aic < best[0].aic):
-                    best = (res, (p, d, q))
+        return ARIMA(y, order=order, trend=_TREND[order[1]]).fit(start_params=start_params)
+
+
+def n_params(p: int, d: int, q: int) -> int:
+    """AR + MA + trend (none at d = 2) + the innovation variance."""
+    return p + q + (1 if d < 2 else 0) + 1
+
+
+def search_order(y: np.ndarray):
+    """The lowest-AIC ARIMA(p, d, q), p, q <= MAX_PQ, at the KPSS-chosen d, among the
+    orders with at most half as many parameters as differenced points. Returns the
+    fitted model, its order and whether any AR/MA order was allowed at all."""
+    d = choose_d(y)
+    orders = [
+        (p, d, q)
+        for p in range(MAX_PQ + 1)
+        for q in range(MAX_PQ + 1)
+        if 2 * n_params(p, d, q) <= len(y) - d
+    ]
+    best = None
+    for order in orders or [(0, d, 0)]:
+        try:
+            res = fit(y, order)
+        except (ValueError, np.linalg.LinAlgError, IndexError):
+            continue
+        if math.isfinite(res.aic) and (best is None or res.aic < best[0].aic):
+            best = (res, order)
     if best is None:
         raise ValueError("no ARIMA order could be fitted")
-    return best
+    return best[0], best[1], len(orders) > 1
 
 
 def _all_equal(values: Sequence[float]) -> bool:

@@ -18,6 +18,7 @@ slightly from run to run; the point forecast is deterministic.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from epp.config.errors import ConfigError
@@ -71,7 +72,9 @@ class ProphetPredictor(BufferedPredictor):
             y = [math.log1p(v) if self._log else v for v in self._buffer]
             frame = self._pd.DataFrame({"ds": self._ds(self._steps()), "y": y})
             model = self._prophet()
-            model.fit(frame)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pandas deprecations inside Prophet
+                model.fit(frame)
             self._model = model
         return self._model
 
@@ -80,7 +83,9 @@ class ProphetPredictor(BufferedPredictor):
             model = self._fit()
             model.interval_width = 0.8 if q is None else 2 * q - 1
             future = self._pd.DataFrame({"ds": self._ds([self._count - 1 + horizon])})
-            row = model.predict(future).iloc[0]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                row = model.predict(future).iloc[0]
             mean, upper = float(row["yhat"]), float(row["yhat_upper"])
         except (ValueError, RuntimeError, KeyError):
             return self.last(), self.last()

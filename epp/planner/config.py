@@ -1,0 +1,321 @@
+"""The planner file: one flat YAML map whose keys are Dynamo's planner flags without the
+leading `--` (`adjustment-interval: 60`, `max-gpu-budget: 8`, seed 002 and SLA-v1
+§7.1), plus this project's options.
+
+Flat like Dynamo's flags, so a Dynamo command line translates key for key; parsed into
+small frozen dataclasses, one per concern, each taking the keys it knows:
+
+- `PlannerParams` (mode, intervals, pool shape, no-operation, profile-results-dir)
+- `BudgetParams`  (max/min GPU budget, min-endpoint, GPUs per engine)
+- `LoadParams`    (the four LOAD-v0 thresholds)
+- `SlaParams`     (ttft, itl, no-correction)
+- `PredictorParams` (from `epp.planner.predictors`: load-predictor, kalman-*, ...)
+- `BeyondParams`  (this project's SLA-mode options; Dynamo has none of them)
+
+A key no group knows is an error with a "did you mean" over every group's keys; each
+group's own checks (`validate`) and the cross-group ones (`PlannerConfig.validate`:
+the `min-endpoint` floors must fit the budget) raise one ConfigError naming the key.
+Every policy receives the whole `PlannerConfig` but reads only its groups; which mode
+reads which group is said in each group's docstring.
+
+Pure: `load_planner_file(text, source)` parses YAML text; the CLI opens the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from epp.config.errors import ConfigError
+from epp.planner.budget import min_gpus_needed
+from epp.planner.predictors import PredictorParams
+from epp.planner.types import Role
+from epp.scheduling.params import describe, fields_by_yaml_name, param, parse_params
+
+MODES = ("load", "sla", "dynamo")
+POOLS = ("aggregated", "disaggregated")
+PERCENTILES = ("mean", "p50", "p90", "p99")
+# Dynamo's own defaults for the adjustment interval: LOAD-v0's documented 30 s (seed
+# 002) and SLA-v1's 180 s (defaults.py SLAPlannerDefaults, reference §7.1).
+DEFAULT_INTERVAL_S = {"load": 30.0, "sla": 180.0, "dynamo": 180.0}
+
+
+@dataclass(frozen=True)
+class PlannerParams:
+    """What runs and how often. Read by every mode."""
+
+    mode: str = param(
+        "sla",
+        choices=MODES,
+        doc="load: seed 002's thresholds (LOAD-v0); sla: this project's SLA mode; "
+        "dynamo: Dynamo SLA-v1 reproduced, warts included (the baseline)",
+    )
+    pool: str = param(
+        "aggregated",
+        choices=POOLS,
+        doc="aggregated: one role, every replica prefills and decodes (sized with "
+        "decode-engine-num-gpu); disaggregated: prefill and decode roles (P/D)",
+    )
+    no_operation: bool = param(
+        False, doc="observe and decide, change nothing (the decision log still says what)"
+    )
+    adjustment_interval: float | None = param(
+        None,
+        min=1,
+        doc="seconds between decisions; default 30 for load (seed 002), 180 for "
+        "sla and dynamo (Dynamo SLA-v1)",
+    )
+    metric_pulling_interval: float = param(
+        1.0, min=0.01, doc="seconds between pool load samples (seed 002: 1)"
+    )
+    profile_results_dir: str = param(
+        "profiling_results",
+        doc="directory with epp profile's (or Dynamo's) NPZ files; sla and dynamo modes",
+    )
+
+
+@dataclass(frozen=True)
+class BudgetParams:
+    """Bounds every mode's targets go through (`budget.fit_budget`)."""
+
+    max_gpu_budget: int | None = param(
+        8, min=0, doc="most GPUs prefill plus decode may hold; null for no bound"
+    )
+    min_gpu_budget: int = param(
+        1, min=0, doc="fewest GPUs the pool keeps (0 with min-endpoint 0 allows zero)"
+    )
+    min_endpoint: int = param(
+        1, min=0, doc="fewest replicas per role; 0 lets an idle role scale to zero"
+    )
+    prefill_engine_num_gpu: int = param(1, min=1, doc="GPUs per prefill replica")
+    decode_engine_num_gpu: int = param(
+        1, min=1, doc="GPUs per decode replica (and per aggregated replica)"
+    )
+
+    def gpus_per_replica(self) -> dict[Role, int]:
+        return {
+            Role.PREFILL: self.prefill_engine_num_gpu,
+            Role.DECODE: self.decode_engine_num_gpu,
+            Role.AGGREGATED: self.decode_engine_num_gpu,
+        }
+
+
+@dataclass(frozen=True)
+class LoadParams:
+    """LOAD-v0 thresholds (mode `load`). Defaults are seed 002's documented values;
+    Dynamo's `LoadPlannerDefaults` had 5.0 for the prefill scale-up threshold (a queue
+    of 5 per prefill worker), the seed and its flag table say 0.5: the seed wins."""
+
+    decode_kv_scale_up_threshold: float = param(
+        0.9, min=0, doc="mean KV use (+2 % per waiting request) above which decode adds one"
+    )
+    decode_kv_scale_down_threshold: float = param(
+        0.5, min=0, doc="mean KV use below which decode removes one"
+    )
+    prefill_queue_scale_up_threshold: float = param(
+        0.5, min=0, doc="mean prefill queue per prefill replica above which prefill adds one"
+    )
+    prefill_queue_scale_down_threshold: float = param(
+        0.2, min=0, doc="mean prefill queue per prefill replica below which prefill removes one"
+    )
+
+    def validate(self) -> None:
+        if self.decode_kv_scale_down_threshold >= self.decode_kv_scale_up_threshold:
+            raise ConfigError(
+                "decode-kv-scale-down-threshold",
+                f"{self.decode_kv_scale_down_threshold} must be below "
+                f"decode-kv-scale-up-threshold {self.decode_kv_scale_up_threshold}",
+            )
+        if self.prefill_queue_scale_down_threshold >= self.prefill_queue_scale_up_threshold:
+            raise ConfigError(
+                "prefill-queue-scale-down-threshold",
+                f"{self.prefill_queue_scale_down_threshold} must be below "
+                f"prefill-queue-scale-up-threshold {self.prefill_queue_scale_up_threshold}",
+            )
+
+
+@dataclass(frozen=True)
+class SlaParams:
+    """The SLA and the correction switch (modes `sla` and `dynamo`). Defaults are SLA-v1's
+    (reference §7.1); `no-correction` keeps SLA-v1's False (Dynamo turned it on by
+    default later, #6285)."""
+
+    ttft: float = param(500.0, min=0.001, doc="TTFT target, ms")
+    itl: float = param(50.0, min=0.001, doc="ITL (time per output token) target, ms")
+    no_correction: bool = param(
+        False, doc="size on the profile alone, without observed/expected correction factors"
+    )
+
+
+@dataclass(frozen=True)
+class BeyondParams:
+    """This project's SLA-mode options (mode `sla` only; `dynamo` ignores them by design,
+    it is the frozen baseline). Each switches one improvement over Dynamo SLA-v1, so
+    the replay can measure its effect alone (reference §10)."""
+
+    sla_percentile: str = param(
+        "p90",
+        choices=PERCENTILES,
+        doc="the TTFT/ITL statistic the SLA promises and corrections compare (Dynamo: mean)",
+    )
+    queue_aware_prefill: bool = param(
+        True,
+        doc="size prefill as an M/G/c queue so the percentile TTFT, waiting included, "
+        "meets the SLA (Dynamo's min(1, correction) never adds replicas for queueing, #10528)",
+    )
+    arrival_scv: float = param(
+        1.0,
+        min=0.0,
+        doc="squared coefficient of variation of inter-arrival times in the queue model "
+        "(1 = Poisson; larger for burstier traffic within an interval)",
+    )
+    distribution_aware_prefill: bool = param(
+        True,
+        doc="prefill work = sum of t_prefill(uncached ISL) over sampled prompts, not "
+        "t(mean ISL) (TTFT is convex in ISL: the mean under-sizes heavy tails)",
+    )
+    idle_scale_down: bool = param(
+        True,
+        doc="an interval without traffic is demand 0 (scale towards min-endpoint); "
+        "false skips it as Dynamo does (#6985)",
+    )
+    scale_down_window: float = param(
+        300.0,
+        min=0.0,
+        doc="seconds of stabilization: a role scales down only to the largest target sized "
+        "within this window, so a smaller target must hold for the whole window and no "
+        "scale-down follows a scale-up sooner (the HPA/AIBrix APA 300 s default)",
+    )
+    startup_time: float = param(
+        120.0,
+        min=0.0,
+        doc="seconds a new replica takes to serve; the forecast looks ceil(startup/"
+        "interval)+1 intervals ahead so capacity is there when the load is",
+    )
+    forecast_quantile: float = param(
+        0.9,
+        min=0.5,
+        max=0.99,
+        doc="provision to this upper quantile of the forecast (0.5: the point forecast)",
+    )
+    freeze_correction_on_startup: bool = param(
+        True,
+        doc="keep the correction factors while replicas start (cold caches distort them, #2511)",
+    )
+
+
+GROUPS: tuple[type, ...] = (
+    PlannerParams,
+    BudgetParams,
+    LoadParams,
+    SlaParams,
+    PredictorParams,
+    BeyondParams,
+)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """The whole planner file, one group per concern."""
+
+    planner: PlannerParams = dataclasses.field(default_factory=PlannerParams)
+    budget: BudgetParams = dataclasses.field(default_factory=BudgetParams)
+    load: LoadParams = dataclasses.field(default_factory=LoadParams)
+    sla: SlaParams = dataclasses.field(default_factory=SlaParams)
+    predictor: PredictorParams = dataclasses.field(default_factory=PredictorParams)
+    beyond: BeyondParams = dataclasses.field(default_factory=BeyondParams)
+
+    @property
+    def interval_s(self) -> float:
+        given = self.planner.adjustment_interval
+        return float(given) if given is not None else DEFAULT_INTERVAL_S[self.planner.mode]
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        if self.planner.pool == "aggregated":
+            return (Role.AGGREGATED,)
+        return (Role.PREFILL, Role.DECODE)
+
+    def validate(self) -> None:
+        b = self.budget
+        floors = min_gpus_needed(self.roles, b.gpus_per_replica(), b.min_endpoint)
+        if b.max_gpu_budget is not None and floors > b.max_gpu_budget:
+            per = " + ".join(str(b.gpus_per_replica()[r]) for r in self.roles)
+            raise ConfigError(
+                "max-gpu-budget",
+                f"{b.max_gpu_budget} is below min-endpoint {b.min_endpoint} × ({per} GPUs "
+                f"per {'/'.join(r.value for r in self.roles)} replica) = {floors}; raise "
+                "max-gpu-budget or lower min-endpoint",
+            )
+        if b.max_gpu_budget is not None and b.min_gpu_budget > b.max_gpu_budget:
+            raise ConfigError(
+                "min-gpu-budget",
+                f"{b.min_gpu_budget} is above max-gpu-budget {b.max_gpu_budget}",
+            )
+        if self.planner.metric_pulling_interval > self.interval_s:
+            raise ConfigError(
+                "metric-pulling-interval",
+                f"{self.planner.metric_pulling_interval} s is longer than the adjustment "
+                f"interval {self.interval_s} s; an interval needs at least one sample",
+            )
+        if not math.isfinite(self.interval_s):
+            raise ConfigError("adjustment-interval", "must be a finite number of seconds")
+
+
+def parse_planner_config(raw: Any) -> PlannerConfig:
+    """Split a flat map among the groups; unknown keys are an error."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("", f"the planner file must be a map of settings, got {raw!r}")
+    known = {cls: fields_by_yaml_name(cls, "kebab") for cls in GROUPS}
+    everything = [k for names in known.values() for k in names]
+    for key in raw:
+        if not any(str(key) in names for names in known.values()):
+            close = difflib.get_close_matches(str(key), everything, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(
+                str(key), f"unknown setting{hint} (docs/planner.md lists them)"
+            )
+    parts = {}
+    for cls in GROUPS:
+        mine = {k: v for k, v in raw.items() if str(k) in known[cls]}
+        try:
+            parts[cls] = parse_params(cls, mine, "", style="kebab")
+        except ConfigError as e:
+            raise ConfigError(e.path.lstrip("."), e.message) from None
+    cfg = PlannerConfig(
+        parts[PlannerParams],
+        parts[BudgetParams],
+        parts[LoadParams],
+        parts[SlaParams],
+        parts[PredictorParams],
+        parts[BeyondParams],
+    )
+    cfg.validate()
+    return cfg
+
+
+def load_planner_file(text: str, source: str = "planner file") -> PlannerConfig:
+    """Parse the planner file's YAML text; errors are one line naming file and key."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or "not valid YAML"
+        raise ConfigError("", f"{where}{problem}", source) from None
+    try:
+        return parse_planner_config(raw)
+    except ConfigError as e:
+        raise e.in_file(source) from None
+
+
+def describe_planner_file() -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, doc) for every setting, in group order: `--help-config`."""
+    return [row for cls in GROUPS for row in describe(cls, "kebab")]

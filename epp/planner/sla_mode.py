@@ -1,0 +1,361 @@
+"""This project's SLA mode: Dynamo SLA-v1's pipeline (predict → correct → size against
+the profile), with the improvements of reference §10, each a `BeyondParams` switch so
+the replay can measure it alone.
+
+Per interval:
+
+1. **Demand is admitted requests** (`obs.arrivals`), not completions: under
+   backpressure completions hide the backlog (Dynamo #11693). ISL/OSL of an interval
+   without requests keep their last value (a quiet minute says nothing about prompt
+   lengths); the request count is fed as 0.
+2. **Idle** (`idle-scale-down`, #6985): an interval without traffic is sized like any
+   other, on demand 0, so the pool decays towards `min-endpoint` (to zero with
+   `min-endpoint: 0` and `min-gpu-budget: 0`) through the hysteresis below. Off:
+   the interval is skipped, as Dynamo does.
+3. **Correction factors** (unless `no-correction`), on the SLA statistic
+   (`sla-percentile`, default p90, Dynamo: the mean): observed / what the model
+   predicts at the observed load and replicas. Both may exceed 1 (Dynamo's
+   `min(1, p)` may not); they are clamped to [1/3, 3] and smoothed (half old, half
+   new) instead of taken raw, so an overloaded interval (whose latencies say "the
+   profile is optimistic" loudly: a trial replay measured TTFTs 100× the model's)
+   moves them by a bounded step. They are **frozen while replicas start** and for the
+   interval after a scale-up (`freeze-correction-on-startup`; cold caches made Dynamo
+   over-compensate, #2511).
+4. **Forecast horizon** (`startup-time`): a replica asked for now serves after
+   start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
+   takes the largest of them, at the `forecast-quantile` upper bound
+   (`predict_upper`), not the point forecast.
+5. **Prefill sizing.** Service time per prompt = profiled batch-1 TTFT of its
+   *uncached* tokens × the prefill correction. `distribution-aware-prefill`: over the
+   interval's sampled prompt lengths (TTFT is convex in ISL: t(mean ISL) under-sizes
+   heavy tails, §10.1); off: t(mean ISL). `queue-aware-prefill`: the fewest replicas
+   whose waiting time (G/G/c, `queueing.py`) plus service stays within the TTFT SLA
+   at the SLA percentile (#10528); off: ceil(offered load), Dynamo's throughput rule.
+6. **Decode sizing**, as Dynamo: the best throughput per GPU whose ITL meets
+   `itl / d_correction` at context `isl + osl/2`, demand = rate × OSL.
+7. **Aggregated pools** share each replica between prefill and decode (time sharing):
+   N = ceil(prefill load + decode load) in replicas; queue-aware, the fewest N whose
+   prefill queue meets the TTFT SLA when each replica has 1 − D/N of its time for
+   prefill (D = decode load in replicas).
+8. **Hysteresis and cooldown** (#9294), as a stabilization window
+   (`scale-down-window`, the 300 s of Kubernetes HPA and AIBrix APA): scale up at
+   once; scale down only to the largest target sized within the window, so a smaller
+   target must hold for the whole window, and no scale-down comes sooner than the
+   window after a scale-up. The sized target is already the smallest count
+   predicted to meet the SLA with the whole load on it, which is the N−1 test of
+   #9294 (the remaining replicas absorb the N/(N−1) load).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+from epp.planner.config import PlannerConfig
+from epp.planner.mode import Proposal, current
+from epp.planner.perf import Profile
+from epp.planner.predictors import LoadPredictors, build_load_predictors
+from epp.planner.queueing import smallest_servers, wait_mean, wait_quantile
+from epp.planner.types import Observation, PredictedLoad, Role, Stats
+
+CORRECTION_RANGE = (1 / 3, 3.0)
+CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
+MIN_WAIT_SHARE = 0.1  # when service alone breaks the TTFT SLA, still cap waits at 10 % of it
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
+
+
+class SlaMode:
+    name = "epp"
+
+    def __init__(
+        self, config: PlannerConfig, profile: Profile, predictors: LoadPredictors | None = None
+    ) -> None:
+        self._cfg = config
+        self._x = config.beyond
+        self._profile = profile
+        self._interval = config.interval_s
+        self._roles = config.roles
+        self._agg = config.planner.pool == "aggregated"
+        self._decode = Role.AGGREGATED if self._agg else Role.DECODE
+        self._prefill = Role.AGGREGATED if self._agg else Role.PREFILL
+        self.predictors = predictors or build_load_predictors(config.predictor, self._interval)
+        self.horizon = math.ceil(self._x.startup_time / self._interval) + 1
+        self.p_correction = 1.0
+        self.d_correction = 1.0
+        self._q = QUANTILES.get(self._x.sla_percentile)  # None: the mean
+        self._isl_samples: tuple[int, ...] = ()
+        self._last_isl = math.nan
+        self._last_osl = math.nan
+        self._cache_share = 0.0
+        self._since_up = 1_000_000
+        self._sized: dict[Role, deque[tuple[float, int]]] = {r: deque() for r in self._roles}
+
+    # -- the step ---------------------------------------------------------------------
+    def propose(self, now: float, obs: Observation) -> Proposal:
+        have = current(obs, self._roles)
+        self._remember(obs)
+        isl = _mean(obs.isl_samples) if obs.isl_samples else obs.isl.mean
+        self.predictors.add(
+            float(obs.arrivals),
+            isl if not math.isnan(isl) else self._last_isl,
+            obs.osl.mean if not math.isnan(obs.osl.mean) else self._last_osl,
+        )
+        if obs.idle and not self._x.idle_scale_down:
+            return Proposal(have, "no traffic: skipping the interval (idle-scale-down off)")
+        diag: dict[str, float] = {}
+        if not self._cfg.sla.no_correction:
+            self._correct(obs, diag)
+        pred = self._forecast()
+        sized, demand, notes = self._size(pred, diag)
+        targets, why = self._hysteresis(now, sized, have)
+        diag |= {
+            "p_correction": self.p_correction,
+            "d_correction": self.d_correction,
+            "horizon_intervals": float(self.horizon),
+        }
+        diag |= {f"sized_{r.value}": float(n) for r, n in sized.items()}
+        reason = (
+            f"forecast {pred.requests:.1f} req/interval (q{self._x.forecast_quantile:g}, "
+            f"{self.horizon} interval(s) ahead), ISL {pred.isl:.0f}, OSL {pred.osl:.0f}; "
+            + "; ".join(notes + why)
+        )
+        return Proposal(targets, reason, predicted=pred, demand=demand, diagnostics=diag)
+
+    def committed(self, targets: Mapping[Role, int], obs: Observation) -> None:
+        if any(targets.get(r, 0) > obs.replicas_of(r).active for r in self._roles):
+            self._since_up = 0
+        else:
+            self._since_up += 1
+
+    # -- 1. what the interval says about requests ----------------------------------
+    def _remember(self, obs: Observation) -> None:
+        if obs.isl_samples:
+            self._isl_samples = obs.isl_samples
+        if not math.isnan(obs.isl.mean):
+            self._last_isl = obs.isl.mean
+        if not math.isnan(obs.osl.mean):
+            self._last_osl = obs.osl.mean
+        if obs.cached_tokens.count and obs.isl.mean > 0:
+            self._cache_share = min(1.0, max(0.0, obs.cached_tokens.mean / obs.isl.mean))
+
+    def _stat(self, stats: Stats) -> float:
+        return stats.at(self._x.sla_percentile)
+
+    # -- 3. correction factors ----------------------------------------------------------
+    def _correct(self, obs: Observation, diag: dict[str, float]) -> None:
+        starting = any(obs.replicas_of(r).starting for r in self._roles)
+        if self._x.freeze_correction_on_startup and (starting or self._since_up < 1):
+            diag["correction_frozen"] = 1.0
+            return
+        if obs.completions == 0:
+            return
+        lam = obs.arrivals / max(obs.length_s, 1e-9)
+        ready_p = obs.replicas_of(self._prefill).ready
+        ready_d = obs.replicas_of(self._decode).ready
+        ctx = obs.isl.mean + obs.osl.mean / 2
+        ttft_obs = self._stat(obs.ttft_ms)
+        itl_obs = self._stat(obs.itl_ms)
+        # decode first: the aggregated TTFT model needs the decode share
+        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
+            running = obs.role(self._decode).running_mean
+            if math.isnan(running):  # Little's law, as Dynamo
+                running = obs.completions / obs.length_s * obs.duration_s.mean
+            expected = self._profile.decode.itl(running / ready_d, ctx)
+            self.d_correction = _smooth(self.d_correction, itl_obs / expected)
+            diag["expected_itl_ms"] = expected
+        if ready_p > 0 and not math.isnan(ttft_obs):
+            samples = self._service_samples(obs.isl.mean, correction=1.0)
+            decode_load = 0.0
+            if self._agg:
+                found = self._decode_load(lam, obs.isl.mean, obs.osl.mean, self.d_correction)
+                decode_load = found[0]
+            expected = self._ttft_ms(ready_p, lam, samples, decode_load)
+            if math.isfinite(expected) and expected > 0:
+                self.p_correction = _smooth(self.p_correction, ttft_obs / expected)
+                diag["expected_ttft_ms"] = expected
+
+    # -- 4. forecast ------------------------------------------------------------------
+    def _forecast(self) -> PredictedLoad:
+        q = self._x.forecast_quantile
+        steps = [
+            self.predictors.predict(k) if q <= 0.5 else self.predictors.predict_upper(k, q)
+            for k in range(1, self.horizon + 1)
+        ]
+        isl = max(s.isl for s in steps)
+        osl = max(s.osl for s in steps)
+        return PredictedLoad(
+            requests=max(s.requests for s in steps),
+            isl=isl if isl > 0 else _nan_to(self._last_isl, 0.0),
+            osl=osl if osl > 0 else _nan_to(self._last_osl, 0.0),
+            horizon_s=self._interval * self.horizon,
+        )
+
+    # -- 5-7. sizing ------------------------------------------------------------------
+    def _size(
+        self, pred: PredictedLoad, diag: dict[str, float]
+    ) -> tuple[dict[Role, int], dict[Role, float], list[str]]:
+        lam = pred.requests / self._interval
+        notes: list[str] = []
+        d_need, best_met, d_thpt = self._decode_load(lam, pred.isl, pred.osl, self.d_correction)
+        diag |= {"decode_thpt_per_gpu": d_thpt, "decode_itl_met": float(best_met)}
+        if not best_met:
+            notes.append("ITL target below every profiled point: sized at the lowest-ITL point")
+        samples = self._service_samples(pred.isl, self.p_correction)
+        mean_s = _mean(samples) if samples else 0.0
+        a = lam * mean_s  # prefill offered load, replicas
+        diag |= {"prefill_service_ms": mean_s * 1000, "prefill_load": a, "decode_load": d_need}
+        floor = self._cfg.budget.min_endpoint
+        if self._agg:
+            n = self._aggregated(lam, samples, a, d_need)
+            return {Role.AGGREGATED: max(n, floor)}, {Role.AGGREGATED: a + d_need}, notes
+        if self._x.queue_aware_prefill:
+            n_p = self._queue_replicas(lam, samples)
+            p_need = float(n_p)  # the queue model's answer is the need
+        else:
+            n_p, p_need = math.ceil(a - 1e-9), a
+        n_d = math.ceil(d_need - 1e-9)
+        targets = {Role.PREFILL: max(n_p, floor), Role.DECODE: max(n_d, floor)}
+        return targets, {Role.PREFILL: p_need, Role.DECODE: d_need}, notes
+
+    def _decode_load(
+        self, lam: float, isl: float, osl: float, correction: float = 1.0
+    ) -> tuple[float, bool, float]:
+        """Decode replicas the rate needs (fractional), whether the ITL target is
+        reachable, and the throughput per GPU used."""
+        if lam <= 0 or not osl > 0:
+            return 0.0, True, math.nan
+        target = self._cfg.sla.itl / correction if correction > 0 else self._cfg.sla.itl
+        decode = self._profile.decode
+        context = isl + osl / 2
+        best = decode.find_best_throughput_per_gpu(target, context)
+        if not best.met and target < self._cfg.sla.itl:
+            # the correction asks for less than the profile can do: size on the SLA itself
+            best = decode.find_best_throughput_per_gpu(self._cfg.sla.itl, context)
+        if not best.met:
+            best = decode.least_itl_point(context)
+        if best.thpt_per_gpu <= 0:  # a profile whose every cell is 0 tok/s: nothing to size
+            return 0.0, False, 0.0
+        gpus = self._cfg.budget.decode_engine_num_gpu
+        return lam * osl / best.thpt_per_gpu / gpus, best.met, best.thpt_per_gpu
+
+    def _service_samples(self, isl: float, correction: float) -> list[float]:
+        """Prefill service times (s) of the prompts to come: the sampled prompt lengths
+        rescaled to the forecast mean, uncached share only, × the correction."""
+        if not isl > 0:
+            return []
+        uncached = 1.0 - self._cache_share
+        if self._x.distribution_aware_prefill and self._isl_samples:
+            scale = isl / _mean(self._isl_samples)
+            lengths = [s * scale * uncached for s in self._isl_samples]
+        else:
+            lengths = [isl * uncached]
+        ttft_ms = self._profile.prefill.ttft_many(lengths)
+        return [float(t) / 1000.0 * correction for t in ttft_ms]
+
+    def _queue_params(self, samples: Sequence[float]) -> tuple[float, float, float]:
+        """(mean service, service quantile, (ca² + cs²)/2)."""
+        mean_s = _mean(samples)
+        var = _mean([(s - mean_s) ** 2 for s in samples])
+        cs2 = var / mean_s**2 if mean_s > 0 else 0.0
+        svc_q = mean_s if self._q is None else _quantile(samples, self._q)
+        return mean_s, svc_q, (self._x.arrival_scv + cs2) / 2
+
+    def _ttft_ms(self, c: int, lam: float, samples: Sequence[float], decode_load: float) -> float:
+        """The model's TTFT (ms, at the SLA statistic) with `c` replicas, of which
+        `decode_load` replicas' worth of time goes to decoding (aggregated pools)."""
+        if not samples:
+            return math.nan
+        share = 1.0 - decode_load / c if c > 0 else 0.0
+        if share <= 0:
+            return math.inf
+        mean_s, svc_q, scv = self._queue_params([s / share for s in samples])
+        a = lam * mean_s
+        if self._q is None:
+            return (mean_s + wait_mean(c, a, mean_s, scv)) * 1000
+        return (svc_q + wait_quantile(c, a, mean_s, self._q, scv)) * 1000
+
+    def _queue_replicas(self, lam: float, samples: Sequence[float]) -> int:
+        """Disaggregated prefill: the fewest replicas whose wait stays within the
+        TTFT SLA minus the service time (at least MIN_WAIT_SHARE of the SLA)."""
+        if lam <= 0 or not samples:
+            return 0
+        mean_s, svc_q, scv = self._queue_params(samples)
+        sla = self._cfg.sla.ttft / 1000
+        budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
+        return smallest_servers(lam * mean_s, mean_s, budget, self._q, scv)
+
+    def _aggregated(self, lam: float, samples: list[float], a: float, d_need: float) -> int:
+        """Replicas for a pool whose replicas both prefill and decode: N replicas give
+        prefill 1 - D/N of their time, which stretches each prefill by N/(N - D)."""
+        if lam <= 0:
+            return 0
+        if not self._x.queue_aware_prefill or not samples:
+            return max(math.ceil(a + d_need - 1e-9), 1)
+        sla = self._cfg.sla.ttft / 1000
+        n = max(1, math.floor(a + d_need) + 1)  # stability: a·N/(N-D) < N  <=>  a + D < N
+        for _ in range(MAX_SEARCH):
+            share = 1.0 - d_need / n
+            mean_s, svc_q, scv = self._queue_params([x / share for x in samples])
+            budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
+            wait = (
+                wait_mean(n, lam * mean_s, mean_s, scv)
+                if self._q is None
+                else wait_quantile(n, lam * mean_s, mean_s, self._q, scv)
+            )
+            if wait <= budget:
+                return n
+            n += 1
+        return n
+
+    # -- 8. hysteresis -------------------------------------------------------------------
+    def _hysteresis(
+        self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int]
+    ) -> tuple[dict[Role, int], list[str]]:
+        """Up at once; down only to the largest target sized within the window."""
+        out: dict[Role, int] = {}
+        notes: list[str] = []
+        window = self._x.scale_down_window
+        for r in self._roles:
+            want, now_n = sized.get(r, 0), have.get(r, 0)
+            recent = self._sized[r]
+            while recent and recent[0][0] <= now - window:
+                recent.popleft()
+            recent.append((now, want))
+            if want >= now_n:
+                out[r] = want
+                if want > now_n:
+                    notes.append(f"{r.value} {now_n}->{want}")
+                continue
+            held = max(n for _, n in recent)
+            out[r] = min(now_n, held)
+            if out[r] < now_n:
+                notes.append(f"{r.value} {now_n}->{out[r]} (largest target in {window:g} s)")
+            else:
+                notes.append(f"{r.value} wants {want}: held at {now_n} by the last {window:g} s")
+        if not notes:
+            notes.append("no change")
+        return out, notes
+
+
+def _smooth(old: float, measured: float) -> float:
+    lo, hi = CORRECTION_RANGE
+    if not math.isfinite(measured) or measured <= 0:
+        return old
+    clamped = min(hi, max(lo, measured))
+    return (1 - CORRECTION_WEIGHT) * old + CORRECTION_WEIGHT * clamped
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Nearest rank, as `types.Stats`."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _nan_to(x: float, default: float) -> float:
+    return default if math.isnan(x) else x

@@ -1,0 +1,245 @@
+"""This project's SLA mode: each beyond-Dynamo option on a case worked out by hand,
+with the option on and off, so each test shows the option's effect.
+
+Profile (tests/planner_helpers.py) unless said otherwise: prefill TTFT = ISL/40 000 s
+(75 ms at 3000, 200 ms at 8000); decode ITL = 5 + 20·KV ms, 10 000 tok/s/GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+
+from epp.planner.perf import Profile
+from epp.planner.planner import build_policy
+from epp.planner.types import Replicas, Role, RoleLoad, Stats
+from tests.planner_helpers import DECODE, agg, config, obs, pd, profile
+
+P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED
+
+# Every option off: the mode reduces to Dynamo's formulas on admitted demand.
+PLAIN = {
+    "mode": "sla",
+    "pool": "disaggregated",
+    "adjustment_interval": 60,
+    "load_predictor": "constant",
+    "itl": 10,
+    "ttft": 300,
+    "no_correction": True,
+    "sla_percentile": "mean",
+    "queue_aware_prefill": False,
+    "distribution_aware_prefill": False,
+    "startup_time": 0,
+    "forecast_quantile": 0.5,
+    "scale_down_window": 0,
+}
+
+
+def epp(prof: Profile | None = None, **settings):
+    return build_policy("epp", config(**(PLAIN | settings)), prof or profile())
+
+
+@functools.cache
+def convex() -> Profile:
+    """TTFT convex in ISL: 20, 45, 100, 240, 640 ms at 1k, 2k, 4k, 8k, 16k tokens."""
+    isl = [1000, 2000, 4000, 8000, 16000]
+    ttft = [20.0, 45.0, 100.0, 240.0, 640.0]
+    pre = {
+        "prefill_isl": isl,
+        "prefill_ttft": ttft,
+        "prefill_thpt_per_gpu": [i / t * 1000 for i, t in zip(isl, ttft, strict=True)],
+    }
+    return Profile.from_arrays(pre, DECODE, "convex")
+
+
+def test_all_options_off_is_dynamos_formula():
+    # 750 req / 60 s = 12.5 req/s; t(8000) = 240 ms -> 12.5 × 0.24 = 3.0 replicas -> 3
+    # (Dynamo: 750 × 8000 / 60 = 100 000 tok/s / (8000/0.24 = 33 333 tok/s/GPU) = 3.0)
+    d = epp(convex()).step(60, obs(completions=750, isl=8000, replicas=pd(1, 1)))
+    assert d.targets == {P: 3, D: 1}
+    assert d.diagnostics["prefill_load"] == pytest.approx(3.0)
+
+
+def test_distribution_aware_prefill_sizes_the_tail():
+    # sampled prompts 4000, 4000, 16000: mean 8000, but mean t = (100 + 100 + 640)/3 = 280 ms
+    # (t(mean) = 240 ms). 12.5 req/s × 0.28 s = 3.5 -> 4 replicas, against 3 on t(mean).
+    seen = obs(completions=750, isl=8000, isl_samples=(4000, 4000, 16000), replicas=pd(1, 1))
+    on = epp(convex(), distribution_aware_prefill=True).step(60, seen)
+    off = epp(convex(), distribution_aware_prefill=False).step(60, seen)
+    assert on.diagnostics["prefill_service_ms"] == pytest.approx(280.0)
+    assert (on.targets[P], off.targets[P]) == (4, 3)
+
+
+def test_queue_aware_prefill_adds_replicas_for_waiting():
+    # 540 req / 60 s = 9 req/s, ISL 8000 -> S = 0.2 s, a = 1.8 replicas. TTFT SLA 300 ms
+    # at p90: waits must stay within 0.3 - 0.2 = 0.1 s. One prompt size: cs² = 0,
+    # (ca² + cs²)/2 = 0.5.
+    # c = 3: C = 0.35474, rate = (3 - 1.8)/0.2/0.5 = 12/s, t90 = ln(3.5474)/12 = 0.1055 > 0.1
+    # c = 4: C = 0.12850, rate = (4 - 1.8)/0.2/0.5 = 22/s, t90 = ln(1.2850)/22 = 0.0114 -> 4
+    # Throughput alone (Dynamo): ceil(1.8) = 2, where the p90 wait is ln(8.526)/2 = 1.07 s.
+    seen = obs(completions=540, isl=8000, replicas=pd(1, 1))
+    on = epp(queue_aware_prefill=True, sla_percentile="p90").step(60, seen)
+    off = epp(queue_aware_prefill=False, sla_percentile="p90").step(60, seen)
+    assert (on.targets[P], off.targets[P]) == (4, 2)
+
+
+def test_aggregated_pool_time_shares_prefill_and_decode():
+    # 1200 req / 60 s = 20 req/s. Prefill: ISL 3000 -> 75 ms -> a = 1.5 replicas.
+    # Decode: 20 × 600 tokens = 12 000 tok/s / 10 000 = 1.2 replicas. N = ceil(2.7) = 3.
+    # Dynamo-faithful on the same pool sizes decode alone: ceil(1.2) = 2.
+    seen = obs(completions=1200, osl=600, replicas=agg(1))
+    d = epp(pool="aggregated").step(60, seen)
+    assert d.targets == {A: 3}
+    dyn = build_policy("dynamo", config(**(PLAIN | {"pool": "aggregated"})), profile())
+    assert dyn.step(60, seen).targets == {A: 2}
+
+
+def test_demand_is_admitted_requests_not_completions():
+    # backpressure: 1200 admitted, 200 completed. 20 req/s × 75 ms = 1.5, decode 1.2 -> 3
+    d = epp(pool="aggregated").step(
+        60, obs(arrivals=1200, completions=200, osl=600, replicas=agg(1))
+    )
+    assert d.targets == {A: 3} and d.predicted.requests == 1200
+
+
+def test_idle_intervals_scale_down_towards_min_endpoint_after_the_window():
+    pol = epp(pool="aggregated", scale_down_window=120)
+    assert pol.step(60, obs(completions=1200, osl=600, replicas=agg(1))).targets == {A: 3}
+    # idle at t=120: forecast 0 -> sized 1 (min-endpoint); the window (0, 120] still holds
+    # the 3 sized at t=60 -> hold
+    d = pol.step(120, obs(120, replicas=agg(3)))
+    assert d.targets == {A: 3} and "held at 3 by the last 120 s" in d.reason
+    # t=180: the window (60, 180] holds 1 and 1 -> down to 1 (min-endpoint)
+    d = pol.step(180, obs(180, replicas=agg(3)))
+    assert d.targets == {A: 1} and "aggregated 3->1" in d.reason
+
+
+def test_idle_to_zero_with_min_endpoint_zero_and_dynamo_style_skip_when_off():
+    pol = epp(pool="aggregated", min_endpoint=0, min_gpu_budget=0)
+    pol.step(60, obs(completions=1200, osl=600, replicas=agg(1)))
+    assert pol.step(120, obs(120, replicas=agg(3))).targets == {A: 0}
+    pol = epp(pool="aggregated", idle_scale_down=False)
+    pol.step(60, obs(completions=1200, osl=600, replicas=agg(1)))
+    d = pol.step(120, obs(120, replicas=agg(3)))
+    assert d.targets == {A: 3} and "no traffic: skipping" in d.reason
+
+
+def test_the_window_is_a_cooldown_after_scale_up():
+    pol = epp(pool="aggregated", scale_down_window=180)
+    pol.step(60, obs(completions=1200, osl=600, replicas=agg(1)))  # up to 3
+    for t in (120, 180):  # the 3 sized at t=60 is inside (t - 180, t]
+        assert pol.step(t, obs(t, replicas=agg(3))).targets == {A: 3}
+    assert pol.step(240, obs(240, replicas=agg(3))).targets == {A: 1}
+
+
+def test_scale_up_is_immediate_within_the_window():
+    pol = epp(pool="aggregated", scale_down_window=600)
+    pol.step(60, obs(completions=1200, osl=600, replicas=agg(1)))
+    pol.step(120, obs(120, replicas=agg(3)))  # held
+    # 2400 req: 40 req/s × 75 ms = 3.0, decode 24 000 / 10 000 = 2.4 -> ceil(5.4) = 6
+    d = pol.step(180, obs(180, completions=2400, osl=600, replicas=agg(3)))
+    assert d.targets == {A: 6}
+
+
+def test_forecast_horizon_covers_startup():
+    # interval 60 s, startup 150 s -> h = ceil(150/60) + 1 = 4 intervals ahead
+    pol = epp(startup_time=150)
+    assert pol.mode.horizon == 4
+    d = pol.step(60, obs(completions=10, replicas=pd(1, 1)))
+    assert d.predicted.horizon_s == 240 and d.diagnostics["horizon_intervals"] == 4
+    # a rising load under a trend model: looking 4 intervals ahead asks for more
+    ramp = [600, 1200, 1800, 2400, 3000, 3600]
+    unbounded = {"load_predictor": "kalman", "max_gpu_budget": None}
+    near, far = epp(**unbounded), epp(**unbounded, startup_time=150)
+    for i, n in enumerate(ramp, start=1):
+        dn = near.step(60 * i, obs(60 * i, completions=n, isl=8000, replicas=pd(1, 1)))
+        df = far.step(60 * i, obs(60 * i, completions=n, isl=8000, replicas=pd(1, 1)))
+    assert df.predicted.requests > dn.predicted.requests >= ramp[-2]
+    assert df.targets[P] > dn.targets[P]
+
+
+def aggregated_itl_obs(itl_values, starting=0, waiting=0.0):
+    """One aggregated replica running 10 requests of context 3000 + 150/2 = 3075:
+    KV = 10 × 3075 / 100 000 = 0.3075 -> grid column round(30.44) = 30 -> expected ITL
+    5 + 20 × 30/99 = 11.06 ms."""
+    base = obs(completions=len(itl_values), replicas={A: Replicas(ready=1, starting=starting)})
+    return type(base)(
+        **{
+            **{f: getattr(base, f) for f in base.__dataclass_fields__},
+            "itl_ms": Stats.of(itl_values),
+            "roles": {
+                A: RoleLoad(samples=60, kv_mean=0.3, running_mean=10.0, waiting_per_replica=waiting)
+            },
+        }
+    )
+
+
+EXPECTED_ITL = 5 + 20 * 30 / 99
+
+
+def test_corrections_use_the_sla_percentile():
+    # ITLs: eight at 8 ms, two at 2 × 11.06 ms. p90 (9th of 10) = 22.12 -> ratio 2.0;
+    # smoothed: 0.5 × 1 + 0.5 × 2.0 = 1.5. The mean (64 + 44.24)/10 = 10.82 -> ratio 0.979
+    # -> 0.5 + 0.5 × 0.979 = 0.989.
+    values = [8.0] * 8 + [2 * EXPECTED_ITL] * 2
+    p90 = epp(pool="aggregated", no_correction=False, sla_percentile="p90")
+    p90.step(60, aggregated_itl_obs(values))
+    mean = epp(pool="aggregated", no_correction=False, sla_percentile="mean")
+    mean.step(60, aggregated_itl_obs(values))
+    assert p90.mode.d_correction == pytest.approx(1.5, rel=1e-3)
+    ratio = (64 + 4 * EXPECTED_ITL) / 10 / EXPECTED_ITL
+    assert mean.mode.d_correction == pytest.approx(0.5 + 0.5 * ratio, rel=1e-3)
+
+
+def test_correction_clamped_and_frozen_while_replicas_start():
+    # observed 100 × expected: clamped to 3 -> 0.5 + 0.5 × 3 = 2.0
+    pol = epp(pool="aggregated", no_correction=False)
+    pol.step(60, aggregated_itl_obs([100 * EXPECTED_ITL] * 10))
+    assert pol.mode.d_correction == pytest.approx(2.0, rel=1e-3)
+    frozen = epp(pool="aggregated", no_correction=False)
+    d = frozen.step(60, aggregated_itl_obs([100 * EXPECTED_ITL] * 10, starting=1))
+    assert frozen.mode.d_correction == 1.0 and d.diagnostics["correction_frozen"] == 1.0
+    thawed = epp(pool="aggregated", no_correction=False, freeze_correction_on_startup=False)
+    thawed.step(60, aggregated_itl_obs([100 * EXPECTED_ITL] * 10, starting=1))
+    assert thawed.mode.d_correction == pytest.approx(2.0, rel=1e-3)
+
+
+def test_prefill_correction_above_one_adds_replicas():
+    # Dynamo clamps min(1, p); here a prefill 2× slower than profiled doubles the load.
+    # TTFT observed 150 ms vs model 75 ms (no queueing with 20 replicas at a = 1.5):
+    # p = 0.5 + 0.5 × 2 = 1.5 -> S = 75 × 1.5 = 112.5 ms -> 20 req/s × 0.1125 = 2.25 -> 3
+    pol = epp(no_correction=False)
+    d = pol.step(60, obs(completions=1200, ttft=150, replicas=pd(20, 1)))
+    assert pol.mode.p_correction == pytest.approx(1.5)
+    assert d.diagnostics["prefill_load"] == pytest.approx(2.25) and d.targets[P] == 3
+
+
+def scale_actions(**settings) -> int:
+    """Replica changes over 60 intervals of a seeded load hovering around a replica
+    boundary: 1200 ± 15 % req/min, 20 req/s × (75 ms + 600 / 10 000 s) = 2.7 replicas."""
+    rng = random.Random(0)
+    pol = epp(pool="aggregated", max_gpu_budget=None, **settings)
+    n, actions = 3, 0
+    for i in range(1, 61):
+        reqs = int(1200 * (1 + rng.uniform(-0.15, 0.15)))
+        d = pol.step(60 * i, obs(60 * i, completions=reqs, osl=600, replicas=agg(n)))
+        actions += d.targets[A] != n
+        n = d.targets[A]
+    return actions
+
+
+def test_hysteresis_and_cooldown_damp_flapping():
+    # constant predictor: every interval's noise reaches the sizing (14 vs 10 actions on seed 0)
+    flappy = scale_actions(scale_down_window=0)
+    damped = scale_actions(scale_down_window=180)
+    assert damped < flappy
+
+
+def test_unreachable_itl_sizes_at_the_lowest_itl_point_and_says_so():
+    # ITL target 4 ms < the profile's 5 ms floor: sized at the lowest-ITL point that
+    # produces tokens (KV 0 here, 10 000 tok/s): 6000 × 150 / 60 / 10 000 = 1.5 -> 2
+    d = epp(itl=4).step(60, obs(completions=6000, replicas=pd(1, 1)))
+    assert d.targets[D] == 2 and d.diagnostics["decode_itl_met"] == 0.0
+    assert "ITL target below every profiled point" in d.reason
