@@ -1,6 +1,10 @@
-"""Routing on a shared-prefix workload: Envoy alone, the EPP's scorers, vllm-router.
+"""Routing on named workloads: Envoy alone, the EPP's scorers, vllm-router.
 
-A scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
+`--scenario NAME` picks a workload with its own defaults (`SCENARIOS`: one-prefix,
+many-groups, zero-reuse, decode-bound, long-context, kv-pressure, multi-turn); `--matrix
+a,b,...` runs several one after the other and ends with every setup's ratio to
+round-robin and the new default's verdict (bench/routing_matrix.py). The default scenario,
+many-groups, is a scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
 `benchmarking/73-capacity`): groups of users share a long system prompt, each asks one of
 a few questions; Poisson arrivals whose rate rises in stages; the groups' prefixes fill
 about 6x one server's KV cache (~75 % of the pool's), so a router that spreads a group
@@ -13,7 +17,10 @@ seeded request sequence, sent through:
 - `rr` / `lr`: a real Envoy alone, ROUND_ROBIN / LEAST_REQUEST (`render_direct`);
 - `epp-load`: Envoy + `epp serve`, queue-scorer + kv-cache-utilization-scorer (weights
   1/1, llm-d's "load" configuration);
-- `epp-approx`: Envoy + `epp serve --config config/prefix-aware.yaml`;
+- `epp-approx`: Envoy + `epp serve --config config/prefix-weighted.yaml` (the weighted
+  blend, prefix 3 + queue 2 + KV 2);
+- `epp-sticky`: Envoy + `epp serve --config config/prefix-aware.yaml` ("sticky until
+  saturated": affinity filter on live load, token-load scorer, prefix tie-break);
 - `epp-precise`: Envoy + `epp serve` with config/precise-prefix.yaml's scorers, the
   producer bound on a free port that every simulator publishes its KV events to;
 - `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
@@ -31,6 +38,11 @@ too, which makes it small.
 
     .venv/bin/epp bench routing                      # all setups, default stages
     .venv/bin/epp bench routing --setups rr,epp-precise --rates 20,60 --stage-s 10
+    .venv/bin/epp bench routing --matrix all --stage-s 8 --warmup-s 4 --plot m.png
+    .venv/bin/epp bench routing --real-vllm          # real vLLM servers instead (routing_real.py)
+
+Per run, the simulators' and the EPP's CPU (cores, from /proc over the run) are recorded
+too (`--scrape-interval`, `--scrape-max-interval` set the EPP's scraping).
 
 Per stage (requests are assigned to the stage they arrive in): output tokens/s (tokens
 received during the stage), TTFT p50/p90/p99 (first SSE chunk), prefix-cache hit rate
@@ -44,11 +56,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
+import os
 import random
 import re
 import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -64,15 +79,82 @@ from epp.harness.procs import HttpReady, ProcessGroup, free_port
 ROOT = Path(__file__).resolve().parents[1]
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
 _WORDS = [f"{a}{b}{c}" for a in "bcdfgklmnprst" for b in "aeiou" for c in "bdgklmnprst"]
-SETUPS = ["rr", "lr", "epp-load", "epp-approx", "epp-precise", "vr-cache", "vr-p2"]
+SETUPS = [
+    "rr",
+    "lr",
+    "epp-load",
+    "epp-approx",
+    "epp-sticky",
+    "epp-precise",
+    "vr-cache",
+    "vr-p2",
+]
 LABELS = {
     "rr": "(a) Envoy round-robin",
     "lr": "(b) Envoy least-request",
     "epp-load": "(c) EPP load (queue+kv)",
-    "epp-approx": "(d) EPP approx prefix",
+    "epp-approx": "(d) EPP weighted blend (prefix-weighted)",
+    "epp-sticky": "(g) EPP sticky until saturated (prefix-aware)",
     "epp-precise": "(e) EPP precise prefix",
     "vr-cache": "(f) vllm-router cache_aware",
     "vr-p2": "(f) vllm-router power_of_two",
+}
+CONFIGS = {"epp-approx": "prefix-weighted.yaml", "epp-sticky": "prefix-aware.yaml"}
+MATRIX_SETUPS = "rr,lr,epp-load,epp-approx,epp-sticky,epp-precise"
+
+# Named workloads (`--scenario`, `--matrix`), each with its own defaults; explicit flags
+# override them. Rates are model req/s around round-robin's knee on 8 servers (measured
+# with `--setups rr`, docs/BENCHMARKS.md); time scales keep the wall-clock rate within
+# what a 2-core machine pushes through Envoy + EPP + simulator + client.
+SCENARIOS: dict[str, dict[str, object]] = {
+    # The commonest production shape: one system prompt shared by all traffic (issue 16).
+    "one-prefix": dict(groups=1, questions=3000, system_tokens=2000, question_tokens=100),
+    # llm-d "73% capacity", scaled: 48 groups' prefixes are ~6x one server's KV cache.
+    "many-groups": dict(groups=48, questions=5, system_tokens=2000, question_tokens=200),
+    # Every prompt unique: nothing to win by prefix, only balance.
+    "zero-reuse": dict(groups=0, system_tokens=0, question_tokens=1000),
+    # Short prompts, long outputs: the load is decode (llm-d's "reasoning" shape).
+    "decode-bound": dict(
+        groups=8,
+        questions=50,
+        system_tokens=100,
+        question_tokens=50,
+        output_tokens=128,
+        kv_tokens=2048,  # ~7 sequences per server: the batch, not prefill, is the limit
+        # requests last 128 steps: a slower time scale would make them outlast a stage
+    ),
+    # 8K+ prompts: prefill dominates, 16 groups of 8,000-token documents.
+    "long-context": dict(
+        groups=16,
+        questions=5,
+        system_tokens=8000,
+        question_tokens=500,
+        kv_tokens=32768,
+    ),
+    # Prefixes 1.5x the whole pool's KV cache (96 x 2,000 vs 8 x 16,384): evictions.
+    "kv-pressure": dict(groups=96, questions=5, system_tokens=2000, question_tokens=200),
+    # Sessions: each turn resends the whole conversation so far plus a new question.
+    "multi-turn": dict(groups=64, turns=8, system_tokens=500, question_tokens=150),
+}
+WORKLOAD_DEFAULTS: dict[str, object] = dict(
+    groups=48,
+    questions=5,
+    turns=0,
+    system_tokens=2000,
+    question_tokens=200,
+    output_tokens=50,
+    kv_tokens=16384,
+    time_scale=0.25,
+    rates="25,50,75",
+)
+SCENARIO_RATES = {
+    "one-prefix": "20,40,60",
+    "many-groups": "25,50,75",
+    "zero-reuse": "50,100,150",
+    "decode-bound": "20,40,60",
+    "long-context": "10,20,30",
+    "kv-pressure": "25,50,75",
+    "multi-turn": "30,60,90",
 }
 LOAD_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -113,13 +195,48 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
+class Prompts:
+    """The scenario's prompt source: shared prefixes (groups x questions), unique prompts
+    (groups = 0), or sessions (turns > 0: a session's k-th request is its system prompt and
+    its first k questions; after `turns` it starts over as a new session)."""
+
+    def __init__(self, args: argparse.Namespace, rng: random.Random) -> None:
+        self.args, self.rng = args, rng
+        n = max(args.groups, 0)
+        self.systems = [self.system(g) for g in range(n)]
+        per = args.turns or args.questions
+        self.questions = [
+            [f"q{q:02d} " + words(rng, args.question_tokens - 1) for q in range(per)]
+            for _ in range(n if not args.turns else 0)
+        ]
+        self.turn = [0] * n
+        self.session = list(range(n))
+
+    def system(self, g: int) -> str:
+        if self.args.system_tokens <= 0:
+            return ""
+        return f"g{g:04d} " + words(self.rng, self.args.system_tokens - 1) + " "
+
+    def next(self) -> str:
+        a, rng = self.args, self.rng
+        if a.groups <= 0:
+            return f"u{rng.random():.12f} " + words(rng, a.question_tokens - 1)
+        g = rng.randrange(a.groups)
+        if not a.turns:
+            return self.systems[g] + self.questions[g][rng.randrange(a.questions)]
+        if self.turn[g] == a.turns:  # conversation over: a new one in this slot
+            self.session[g] += a.groups
+            self.systems[g] = self.system(self.session[g])
+            self.turn[g] = 0
+        self.turn[g] += 1
+        turn_rng = random.Random(self.session[g])  # the same questions on every resend
+        asked = [f"t{k} " + words(turn_rng, a.question_tokens - 1) for k in range(self.turn[g])]
+        return self.systems[g] + " ".join(asked)
+
+
 def workload(args: argparse.Namespace) -> list[Req]:
     rng = random.Random(args.seed)
-    systems = [f"g{g:04d} " + words(rng, args.system_tokens - 1) for g in range(args.groups)]
-    questions = [
-        [f"q{q:02d} " + words(rng, args.question_tokens - 1) for q in range(args.questions)]
-        for _ in range(args.groups)
-    ]
+    prompts = Prompts(args, rng)
     reqs, t = [], 0.0
     stages = [(-1, args.rates[0], args.warmup_s)] + [
         (k, rate, args.stage_s) for k, rate in enumerate(args.rates)
@@ -132,9 +249,7 @@ def workload(args: argparse.Namespace) -> list[Req]:
             if t >= end:
                 t = end
                 break
-            g = rng.randrange(args.groups)
-            q = rng.randrange(args.questions)
-            reqs.append(Req(t, k, systems[g] + " " + questions[g][q]))
+            reqs.append(Req(t, k, prompts.next()))
     return reqs
 
 
@@ -243,6 +358,15 @@ async def drive(
 
 
 # ---------------------------------------------------------------- statistics
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) so far, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -392,9 +516,12 @@ def start_sims(pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None) 
     return urls
 
 
-def start_epp(pg: ProcessGroup, urls: list[str], config: Path) -> str:
+def start_epp(pg: ProcessGroup, urls: list[str], config: Path, args: argparse.Namespace) -> str:
     endpoints = [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
-    envoy, _ = start_epp_behind_envoy(pg, [*endpoints, "--config", str(config)])
+    scrape = ["--refresh-metrics-interval", str(args.scrape_interval)]
+    if args.scrape_max_interval:
+        scrape += ["--refresh-metrics-max-interval", str(args.scrape_max_interval)]
+    envoy, _ = start_epp_behind_envoy(pg, [*endpoints, "--config", str(config), *scrape])
     return envoy.url
 
 
@@ -421,13 +548,13 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
         if setup == "epp-load":
             config = tmp / "load.yaml"
             config.write_text(LOAD_CONFIG)
-        elif setup == "epp-approx":
-            config = ROOT / "config" / "prefix-aware.yaml"
+        elif setup in CONFIGS:
+            config = ROOT / "config" / CONFIGS[setup]
         else:
             assert kv_port is not None
             config = tmp / "precise.yaml"
             precise_config(config, kv_port, 16)  # the 8B preset's block size
-        return start_epp(pg, urls, config), urls
+        return start_epp(pg, urls, config, args), urls
     policy = {"vr-cache": "cache_aware", "vr-p2": "power_of_two"}[setup]
     port = free_port()
     argv = [args.router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
@@ -441,6 +568,20 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
 # ---------------------------------------------------------------- main
 
 
+def load_sibling(name: str):
+    """Another module of bench/ (not a package), loaded by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"epp_bench_{name}", ROOT / "bench" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="epp bench routing", description=__doc__.splitlines()[0])
     add_arguments(p)
@@ -448,46 +589,126 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma list of {SETUPS}")
-    p.add_argument("--rates", default="25,50,75,100", help="stage rates, model req/s")
+    p.add_argument(
+        "--setups", default=None, help=f"comma list of {SETUPS} (all; matrix: {MATRIX_SETUPS})"
+    )
+    p.add_argument(
+        "--scenario",
+        default="many-groups",
+        choices=sorted(SCENARIOS),
+        help="named workload whose defaults the flags below override (many-groups)",
+    )
+    p.add_argument(
+        "--matrix",
+        help="comma list of scenarios (or 'all') to run one after the "
+        "other, each with its own defaults; prints ratios to round-robin",
+    )
+    p.add_argument("--repeat", type=int, default=1, help="runs per setup; medians reported (1)")
+    p.add_argument("--rates", default=None, help="stage rates, model req/s (scenario's)")
     p.add_argument("--stage-s", type=float, default=15.0, help="REAL seconds per stage (15)")
     p.add_argument("--warmup-s", type=float, default=8.0, help="REAL seconds of warm-up (8)")
-    p.add_argument("--time-scale", type=float, default=0.25, help="simulator --time-scale")
-    p.add_argument("--groups", type=int, default=48)
-    p.add_argument("--questions", type=int, default=5, help="questions per group (5)")
-    p.add_argument("--system-tokens", type=int, default=2000)
-    p.add_argument("--question-tokens", type=int, default=200)
-    p.add_argument("--output-tokens", type=int, default=50)
+    p.add_argument("--time-scale", type=float, default=None, help="simulator --time-scale")
+    p.add_argument("--groups", type=int, default=None, help="prefix groups; 0 = unique prompts")
+    p.add_argument("--questions", type=int, default=None, help="questions per group")
+    p.add_argument("--turns", type=int, default=None, help="> 0: multi-turn sessions")
+    p.add_argument("--system-tokens", type=int, default=None)
+    p.add_argument("--question-tokens", type=int, default=None)
+    p.add_argument("--output-tokens", type=int, default=None)
     p.add_argument("--servers", type=int, default=8)
     p.add_argument("--preset", default="llama-3.1-8b-h100")
-    p.add_argument(
-        "--kv-tokens", type=int, default=16384, help="KV cache per server, tokens (16384)"
-    )
+    p.add_argument("--kv-tokens", type=int, default=None, help="KV cache per server, tokens")
     p.add_argument("--model", default="tiny")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--timeout-s", type=float, default=60.0, help="REAL client timeout")
     p.add_argument("--sample-s", type=float, default=0.25, help="REAL metrics sampling period")
+    p.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.05,
+        help="the EPP's --refresh-metrics-interval, REAL seconds (0.05)",
+    )
+    p.add_argument(
+        "--scrape-max-interval",
+        type=float,
+        default=0.0,
+        help="the EPP's --refresh-metrics-max-interval (0 = fixed)",
+    )
     p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
     p.add_argument("--json", help="write the summaries here")
-    p.add_argument("--plot", help="write the TTFT p90 plot (PNG) here")
+    p.add_argument("--plot", help="write the TTFT p90 plot (PNG; matrix: the ratio grid) here")
+
+
+def with_scenario(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """`args` with the scenario's defaults filled in where no flag was given."""
+    out = copy.copy(args)
+    out.scenario = name
+    values = {**WORKLOAD_DEFAULTS, "rates": SCENARIO_RATES[name], **SCENARIOS[name]}
+    for key, value in values.items():
+        if getattr(out, key) is None:
+            setattr(out, key, value)
+    out.rates = [float(r) for r in str(out.rates).split(",")]
+    return out
 
 
 def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    args.rates = [float(r) for r in str(args.rates).split(",")]
-    args.setups = [s for s in str(args.setups).split(",") if s]
+    args.setups = [
+        s
+        for s in str(args.setups or (MATRIX_SETUPS if args.matrix else ",".join(SETUPS))).split(",")
+        if s
+    ]
     bad = [s for s in args.setups if s not in SETUPS]
     if bad:
         p.error(f"unknown setups {bad}; known: {SETUPS}")
+    if args.matrix:
+        names = sorted(SCENARIOS) if args.matrix == "all" else args.matrix.split(",")
+        unknown = [n for n in names if n not in SCENARIOS]
+        if unknown:
+            p.error(f"unknown scenarios {unknown}; known: {sorted(SCENARIOS)}")
+        args.matrix = names
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
     return args
 
 
-def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
-    args = args or parse_args(argv)
+def run_setup(setup: str, args: argparse.Namespace, reqs: list[Req]) -> list[dict] | str:
+    """One fresh pool + setup, the workload through it; its rows, or why it did not start."""
+    with tempfile.TemporaryDirectory() as tmp, ProcessGroup() as pg:
+        try:
+            url, sim_urls = start_setup(pg, setup, args, Path(tmp))
+        except Exception as e:  # report it and go on with the other setups
+            return f"{type(e).__name__}: {str(e)[:300]}"
+        pids = {p.name: p.pid for p in pg.processes if p.name in ("sims", "epp")}
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        t0 = time.perf_counter()
+        run = asyncio.run(drive(setup, url, sim_urls, reqs, args))
+        wall = time.perf_counter() - t0
+        cpu = {name: (cpu_seconds(pid) - cpu0[name]) / wall for name, pid in pids.items()}
+    rows = summarize(run, args)
+    for r in rows:
+        r["sim_cpu"], r["epp_cpu"] = cpu.get("sims"), cpu.get("epp")
+    return rows
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per stage, the median of every numeric field over the repeated runs."""
+    out = []
+    for stage in zip(*runs, strict=True):
+        row = dict(stage[0])
+        for key, value in stage[0].items():
+            if isinstance(value, int | float) and key not in ("rate",):
+                vals = [r[key] for r in stage if r[key] is not None and r[key] == r[key]]
+                row[key] = statistics.median(vals) if vals else None
+        row["runs"] = len(stage)
+        out.append(row)
+    return out
+
+
+def run_scenario(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
     reqs = workload(args)
     sys.stderr.write(
-        f"{len(reqs)} requests per setup ({sum(r.stage >= 0 for r in reqs)} measured); "
-        f"prefixes {args.groups * args.system_tokens} tokens vs "
-        f"{args.servers} x {args.kv_tokens} KV tokens\n"
+        f"[{args.scenario}] {len(reqs)} requests per setup "
+        f"({sum(r.stage >= 0 for r in reqs)} measured), rates {args.rates}, "
+        f"time scale {args.time_scale:g}\n"
     )
     rows: list[dict] = []
     skipped: dict[str, str] = {}
@@ -495,35 +716,82 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         if setup.startswith("vr-") and not shutil.which(args.router):
             skipped[setup] = f"{args.router} not found"
             continue
-        sys.stderr.write(f"{time.strftime('%H:%M:%S')} {setup} ...\n")
-        with tempfile.TemporaryDirectory() as tmp, ProcessGroup() as pg:
-            try:
-                url, sim_urls = start_setup(pg, setup, args, Path(tmp))
-            except Exception as e:  # report it and go on with the other setups
-                skipped[setup] = f"{type(e).__name__}: {str(e)[:300]}"
-                sys.stderr.write(f"  {setup} did not start: {skipped[setup]}\n")
-                continue
-            run = asyncio.run(drive(setup, url, sim_urls, reqs, args))
-        rows += summarize(run, args)
-        for r in rows[-len(args.rates) :]:
-            sys.stderr.write(
-                f"  {r['rate']:g}: ttft p90 {fmt_s(r['ttft_p90'])} tok/s {r['tok_s']:.0f} "
-                f"hit {r['hit_rate']} wait {r['waiting']} err {r['errors']}\n"
-            )
-    print(
-        f"shared prefix: {args.groups} groups x {args.questions} questions, system "
-        f"{args.system_tokens} + question {args.question_tokens} tokens, output "
-        f"{args.output_tokens}; {args.servers} x {args.preset}, KV {args.kv_tokens} "
-        f"tokens each, time scale {args.time_scale:g}; stages {args.stage_s:g} s real"
+        runs = []
+        for k in range(args.repeat):
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {setup} run {k + 1} ...\n")
+            got = run_setup(setup, args, reqs)
+            if isinstance(got, str):
+                skipped[setup] = got
+                sys.stderr.write(f"  {setup} did not start: {got}\n")
+                break
+            runs.append(got)
+            for r in got:
+                sys.stderr.write(
+                    f"  {r['rate']:g}: ttft p90 {fmt_s(r['ttft_p90'])} tok/s {r['tok_s']:.0f} "
+                    f"hit {r['hit_rate']} wait {r['waiting']} err {r['errors']} "
+                    f"cpu sim {r['sim_cpu']} epp {r['epp_cpu']}\n"
+                )
+        if runs:
+            rows += [dict(r, scenario=args.scenario) for r in median_rows(runs)]
+    return rows, skipped
+
+
+def describe(args: argparse.Namespace) -> str:
+    shape = "unique prompts" if args.groups <= 0 else f"{args.groups} groups"
+    if args.turns:
+        shape = f"{args.groups} sessions x {args.turns} turns"
+    elif args.groups > 0:
+        shape += f" x {args.questions} questions"
+    return (
+        f"{args.scenario}: {shape}, system {args.system_tokens} + question "
+        f"{args.question_tokens} tokens, output {args.output_tokens}; {args.servers} x "
+        f"{args.preset}, KV {args.kv_tokens} tokens each, time scale {args.time_scale:g}; "
+        f"stages {args.stage_s:g} s real; median of {args.repeat}"
     )
-    print(tables(rows, args.rates))
+
+
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    if argv is not None and "--real-vllm" in argv:  # real servers: bench/routing_real.py
+        return load_sibling("routing_real").main([a for a in argv if a != "--real-vllm"])
+    args = args or parse_args(argv)
+    scenarios = args.matrix or [args.scenario]
+    rows: list[dict] = []
+    skipped: dict[str, str] = {}
+    for name in scenarios:
+        sargs = with_scenario(args, name)
+        got, why = run_scenario(sargs)
+        rows += got
+        skipped.update({f"{name}/{k}": v for k, v in why.items()})
+        print(describe(sargs))
+        print(tables(got, sargs.rates))
+        print(flush=True)
+        if args.json:  # after every scenario, so a long matrix cut short keeps what ran
+            Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
+    if args.matrix:
+        print(matrix_module().ratio_table(rows))
     for setup, why in skipped.items():
         print(f"\nskipped {setup}: {why}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
     if args.plot and rows:
-        plot(rows, args.plot, args)
+        if args.matrix:
+            matrix_module().plot_matrix(rows, args.plot)
+        else:
+            plot(rows, args.plot, with_scenario(args, args.scenario))
     return 0
+
+
+def matrix_module():
+    """bench/routing_matrix.py (ratios and the matrix plot), loaded by path like this file."""
+    import importlib.util
+
+    path = Path(__file__).with_name("routing_matrix.py")
+    spec = importlib.util.spec_from_file_location("epp_bench_routing_matrix", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

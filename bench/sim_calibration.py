@@ -6,8 +6,9 @@ TTFT, ITL and end-to-end latency against request rate beside the published point
     .venv/bin/python bench/sim_calibration.py --table         # print sim vs published
 
 The simulator's scheduler (`epp.sim.scheduler`) and step-time model (`epp.sim.latency`)
-run here in *virtual time*: no HTTP, no sleeping, a whole sweep in seconds. This is the
-same code a running `epp sim` executes; only the event loop is replaced.
+run here in *virtual time* (`epp.sim.virtual.VirtualEngine`, the replay's engine): no
+HTTP, no sleeping, a whole sweep in seconds. This is the same code a running `epp sim`
+executes; only the event loop is replaced.
 
 Workloads. Both sources used ShareGPT through vLLM's benchmark_serving.py (Poisson
 arrivals at the given QPS; "inf" = all at once). ShareGPT itself cannot be downloaded
@@ -44,11 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from epp.sim import presets  # noqa: E402
 from epp.sim.config import SimConfig  # noqa: E402
-from epp.sim.kvcache import KVCache  # noqa: E402
-from epp.sim.latency import StepCostModel  # noqa: E402
-from epp.sim.lora import LoraRegistry  # noqa: E402
-from epp.sim.scheduler import Scheduler  # noqa: E402
-from epp.sim.sequence import Channel, SimRequest, State  # noqa: E402
+from epp.sim.virtual import VirtualEngine  # noqa: E402
 
 INF = math.inf
 
@@ -110,50 +107,29 @@ def workload(n: int, qps: float, seed: int) -> list[tuple[float, int, int]]:
 
 
 def simulate(config: SimConfig, n: int, qps: float, seed: int = 1) -> Result:
-    """Run the workload through the scheduler in virtual time."""
-    kv = KVCache(config.num_gpu_blocks, config.block_size, enable_caching=True)
-    sched = Scheduler(config, kv, LoraRegistry((), config.max_loras), output_ids=[1])
-    cost = StepCostModel(config)
-    arrivals = workload(n, qps, seed)
-    reqs: list[SimRequest] = []
-    next_id = 10_000_000
-    i, now = 0, 0.0
-    while i < len(arrivals) or sched.running or sched.waiting:
-        while i < len(arrivals) and arrivals[i][0] <= now:
-            t, n_in, n_out = arrivals[i]
-            prompt = list(range(next_id, next_id + n_in))  # distinct: no prefix reuse
-            next_id += n_in
-            req = SimRequest(prompt, n_out, Channel(stream=False))
-            sched.add(req, t)
-            reqs.append(req)
-            i += 1
-        plan = sched.schedule(now)
-        if plan is None:
-            now = arrivals[i][0]
-            continue
-        end = now + cost.seconds(plan.shape)
-        sched.finish_step(plan, end)
-        now = end
-    assert all(r.state is State.FINISHED for r in reqs)
-    ttft = [r.first_token_at - r.arrival for r in reqs]  # type: ignore[operator]
-    e2e = [r.finished_at - r.arrival for r in reqs]  # type: ignore[operator]
-    tpot = [
-        (r.finished_at - r.first_token_at) / (r.generated - 1)  # type: ignore[operator]
-        for r in reqs
-        if r.generated > 1
-    ]
-    gaps = sum(r.finished_at - r.first_token_at for r in reqs)  # type: ignore[operator]
-    itl = gaps / sum(r.generated - 1 for r in reqs)
-    start = min(r.arrival for r in reqs)
-    makespan = max(r.finished_at for r in reqs) - start  # type: ignore[type-var]
+    """Run the workload through one virtual-time replica (`epp.sim.virtual`: the
+    simulator's scheduler and step-cost model on the caller's clock). Every prompt is
+    distinct, so prefix caching has nothing to reuse and is left off (the same steps)."""
+    engine = VirtualEngine(replace(config, enable_prefix_caching=False))
+    for rid, (t, n_in, n_out) in enumerate(workload(n, qps, seed)):
+        engine.advance_to(t)
+        engine.add(rid, n_in, n_out, t)
+    engine.advance_to(INF)
+    done = engine.drain_finished()
+    assert len(done) == n
+    ttft = [f.ttft_s for f in done]
+    e2e = [f.duration_s for f in done]
+    tpot = [f.itl_s for f in done if f.osl > 1]
+    itl = sum(f.finish - f.first_token for f in done) / sum(f.osl - 1 for f in done)
+    makespan = max(f.finish for f in done) - min(f.arrival for f in done)
     return Result(
         qps,
         1000 * statistics.fmean(ttft),
         1000 * statistics.fmean(tpot),
         1000 * itl,
         statistics.fmean(e2e),
-        len(reqs) / makespan,
-        sched.stats.preemptions,
+        n / makespan,
+        engine.scheduler.stats.preemptions,
     )
 
 

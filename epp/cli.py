@@ -1,4 +1,4 @@
-"""The `epp` command: serve, sim, demo, bench, profile, plugins, sidecar.
+"""The `epp` command: serve, sim, demo, bench, profile, plan, plugins, sidecar.
 
 Each subcommand's flags and logic live in its own module (`add_arguments`, `run`);
 this file only wires them, so `epp --help` stays the one index of what the tool does.
@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "measure OpenAI endpoints for the planner: TTFT/ITL sweeps, NPZ data, recommendation",
     ),
     "bench": ("epp.harness.bench_cli", "run a benchmark from bench/ (routing)"),
+    "plan": ("epp.planner.cli", "planner what-ifs: replay a trace through scaling policies"),
 }
 
 

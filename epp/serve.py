@@ -68,6 +68,8 @@ class ServeOptions:
     # On SIGTERM: health NOT_SERVING, new streams refused, open ones get this long.
     drain_timeout: float = 30.0
     refresh_metrics_interval: float = 0.05
+    # > refresh_metrics_interval: adaptive scraping up to this (epp/datalayer/scraper.py).
+    refresh_metrics_max_interval: float = 0.0
     metrics_staleness_threshold: float = 2.0
     scrape_timeout: float = 1.0
     pool_name: str = "default"
@@ -173,6 +175,7 @@ class EppServer:
             extra.update(default_engine=p.default_engine, engine_label_keys=keys)
         return ScrapeConfig(
             interval=o.refresh_metrics_interval,
+            max_interval=o.refresh_metrics_max_interval,
             timeout=o.scrape_timeout,
             **extra,  # type: ignore[arg-type]
         )
@@ -354,6 +357,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how often each endpoint's /metrics is scraped (0.05)",
     )
     p.add_argument(
+        "--refresh-metrics-max-interval",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="adaptive scraping: an endpoint whose metrics did not change is scraped half as "
+        "often each time, up to this, and at --refresh-metrics-interval again after any "
+        "change; must be below --metrics-staleness-threshold (0 = a fixed interval, default)",
+    )
+    p.add_argument(
         "--metrics-staleness-threshold",
         type=float,
         default=2.0,
@@ -394,6 +406,14 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         else load_default_config(handle, registry)
     )
     limits = _limits_from_args(args)
+    hi = args.refresh_metrics_max_interval
+    if hi and not args.refresh_metrics_interval <= hi < args.metrics_staleness_threshold:
+        raise ConfigError(
+            "",
+            f"--refresh-metrics-max-interval must be 0 or between --refresh-metrics-interval "
+            f"({args.refresh_metrics_interval:g}) and below --metrics-staleness-threshold "
+            f"({args.metrics_staleness_threshold:g}), got {hi:g}",
+        )
     kube = k8s_cli.source_from_args(args)
     if kube is not None:
         load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
@@ -405,6 +425,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         limits=limits,
         drain_timeout=args.drain_timeout,
         refresh_metrics_interval=args.refresh_metrics_interval,
+        refresh_metrics_max_interval=hi,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         scrape_timeout=args.scrape_timeout,
         pool_name=args.pool_name or "default",

@@ -6,7 +6,14 @@ routing to line up with the server's KV blocks. Two kinds:
 - `SimpleTokenizer` (default): a token is a run of word characters or one other
   non-space character; ids are a stable hash of the piece. Fast, deterministic, no files.
 - `HFTokenizer`: a Hugging Face `tokenizer.json` through the `tokenizers` package (an
-  optional dependency, `pip install epp[hf]`), to mirror a real model exactly.
+  optional dependency, `pip install epp[hf]`), to mirror a real model exactly. Given a
+  model *directory* it also loads the model's chat template and special tokens
+  (`epp.chat_template`), so chat requests are rendered as the server renders them.
+
+`encode(text, add_special_tokens=...)`: vLLM tokenizes a completion prompt WITH special
+tokens (the tokenizer's post-processor adds BOS if it is configured to; vLLM
+`CompletionRequest.add_special_tokens` defaults to true) and a rendered chat WITHOUT them
+(the template writes its own). The simple tokenizer has no special tokens.
 """
 
 from __future__ import annotations
@@ -17,13 +24,15 @@ from typing import Protocol
 
 import xxhash
 
+from epp.chat_template import ChatTemplate
+
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
 class Tokenizer(Protocol):
     name: str
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
 
     def count(self, text: str) -> int: ...
 
@@ -41,7 +50,7 @@ class SimpleTokenizer:
     def tokenize(self, text: str) -> list[str]:
         return _TOKEN_RE.findall(text)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids = self._ids
         pieces = _TOKEN_RE.findall(text)
         try:
@@ -64,7 +73,11 @@ class SimpleTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face fast tokenizer from `tokenizer.json` (file or the folder holding it)."""
+    """A Hugging Face fast tokenizer from `tokenizer.json`, or from a model directory
+    (tokenizer.json, plus the chat template and special tokens of tokenizer_config.json
+    or chat_template.jinja, in `chat_template`)."""
+
+    chat_template: ChatTemplate | None = None
 
     def __init__(self, path: str | Path) -> None:
         try:
@@ -75,21 +88,23 @@ class HFTokenizer:
             ) from e
         p = Path(path)
         if p.is_dir():
+            self.chat_template = ChatTemplate.from_model_dir(p)
             p = p / "tokenizer.json"
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer file not found: {p}")
         self._tok = _HF.from_file(str(p))
-        self.name = f"hf:{p}"
+        self.name = f"hf:{path}"
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
 
 def load_tokenizer(spec: str | None) -> Tokenizer:
-    """`None`/`"simple"` → SimpleTokenizer; anything else is a tokenizer.json path."""
+    """`None`/`"simple"` → SimpleTokenizer; anything else is a tokenizer.json path or a
+    model directory (its `name` keys the per-request token cache, `epp.prompt_tokens`)."""
     if spec in (None, "", "simple"):
         return SimpleTokenizer()
     return HFTokenizer(spec)

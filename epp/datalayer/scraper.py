@@ -12,6 +12,14 @@ metrics) mark the endpoint failed with a short reason. They are logged only when
 endpoint starts failing and when it recovers: at 20 scrapes a second, one line per
 failure would flood the log.
 
+Adaptive interval (`max_interval` > `interval`, off by default): an endpoint whose scraped
+state (queue, running, KV usage, adapters) did not change since its last scrape is
+scraped half as often each time, up to `max_interval`; any change or failure goes back to
+`interval` at once. The EPP's own in-flight counts are the fast load signal (updated at
+pick, first token and end of every request it routes), so an idle server need not answer
+20 scrapes a second; a busy one is still read at the fast rate (docs/BENCHMARKS.md,
+"Scrape interval").
+
 The scraper follows the pool: it listens to `Datastore.on_change` and starts tasks
 for new endpoints and cancels those of removed (or re-addressed) ones.
 """
@@ -20,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
 from typing import Any
@@ -38,7 +46,7 @@ from epp.datalayer.metric_maps import (
     extract,
     get_engine,
 )
-from epp.datastore import Datastore, Endpoint
+from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
 __all__ = ["MetricsScraper", "ScrapeConfig"]
 
@@ -67,6 +75,7 @@ class ScrapeConfig:
     """
 
     interval: float = 0.05
+    max_interval: float = 0.0  # > interval: adaptive (see the module doc); 0: fixed
     timeout: float = 1.0
     scheme: str = "http"
     path: str = "/metrics"
@@ -90,6 +99,11 @@ class ScrapeConfig:
                 raise ValueError(f"{name} must start with '/', got {value!r}")
         if not self.interval > 0:
             raise ValueError(f"interval must be > 0 seconds, got {self.interval!r}")
+        if self.max_interval and self.max_interval < self.interval:
+            raise ValueError(
+                f"max_interval must be 0 (fixed) or >= interval ({self.interval:g}),"
+                f" got {self.max_interval!r}"
+            )
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if self.max_page_bytes < 1:
@@ -120,6 +134,27 @@ _CONFIG_FIELDS = frozenset(f.name for f in fields(ScrapeConfig))
 # says it had less than `timeout` of loop time: the EPP was stalled, not the endpoint.
 # Such an attempt neither marks the endpoint failed nor updates it (issue 13 §1d).
 INCONCLUSIVE = "inconclusive: the EPP's own event loop stalled during the scrape"
+
+
+def next_interval(current: float, changed: bool, lo: float, hi: float) -> float:
+    """The adaptive schedule: back to `lo` on a change, else double up to `hi` (`hi` <= `lo`
+    means a fixed interval)."""
+    if changed or hi <= lo:
+        return lo
+    return min(hi, current * 2)
+
+
+def load_state(m: EndpointMetrics | None) -> tuple[object, ...] | None:
+    """What counts as an endpoint's state changing (the scrape's stamp does not)."""
+    if m is None:
+        return None
+    return (
+        m.waiting_queue_size,
+        m.running_requests,
+        m.kv_cache_usage,
+        m.active_models,
+        m.waiting_models,
+    )
 
 
 def _reason(exc: BaseException, timeout: float) -> str:
@@ -164,8 +199,11 @@ class MetricsScraper:
         config: ScrapeConfig | None = None,
         *,
         session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         **overrides: Any,
     ) -> None:
+        """`clock` (default: the loop's) and `sleep` pace the polling; tests inject both."""
         unknown = set(overrides) - _CONFIG_FIELDS
         if unknown:
             raise TypeError(f"unknown scraper option(s): {', '.join(sorted(unknown))}")
@@ -177,6 +215,10 @@ class MetricsScraper:
         self._tasks: dict[str, tuple[Endpoint, asyncio.Task[None]]] = {}
         self._dying: set[asyncio.Task[None]] = set()
         self._failing: dict[str, str] = {}
+        self._clock = clock
+        self._sleep = sleep
+        # The interval each endpoint is polled at now (adaptive mode changes it).
+        self.intervals: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
         self._subscribed = False
@@ -259,6 +301,7 @@ class MetricsScraper:
                 self._dying.add(task)
                 task.add_done_callback(self._dying.discard)
                 self._failing.pop(name, None)
+                self.intervals.pop(name, None)
                 self.served_models.pop(name, None)
         for name, ep in current.items():
             if name not in self._tasks:
@@ -287,19 +330,25 @@ class MetricsScraper:
                 tg.create_task(self._models_loop(ep))
 
     async def _metrics_loop(self, ep: Endpoint, emap: EngineMap) -> None:
-        loop = asyncio.get_running_loop()
+        clock = self._clock or asyncio.get_running_loop().time
         url = self._url(ep, self.config.path)
-        interval = self.config.interval
-        next_at = loop.time()
+        lo, hi = self.config.interval, self.config.max_interval
+        interval = lo
+        state = load_state(self.datastore.metrics(ep.name))
+        next_at = clock()
         while True:
             error = await self.scrape_once(ep, emap, url)
             if error != INCONCLUSIVE:
                 self._record(ep, error)
+            new_state = load_state(self.datastore.metrics(ep.name))
+            interval = next_interval(interval, error is not None or new_state != state, lo, hi)
+            state = new_state
+            self.intervals[ep.name] = interval
             next_at += interval
-            now = loop.time()
+            now = clock()
             if next_at < now:  # a slow scrape: start the next one now, don't burst
                 next_at = now
-            await asyncio.sleep(next_at - now)
+            await self._sleep(next_at - now)
 
     async def scrape_once(
         self, ep: Endpoint, emap: EngineMap | None = None, url: str | None = None

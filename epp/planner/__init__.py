@@ -21,4 +21,11 @@ checks the imports):
 - `tracegen.py` PURE: a seeded bursty trace; rate scaling for fleet-size replays.
 - `tracefile.py` I/O: `load_trace(path)`, the one place a trace file is opened.
 - `profiler/`: `epp profile` (plan, measure, results PURE; sweep, plots, cli I/O).
+- `pool.py` PURE: the replay's replicas (virtual-time `epp.sim.virtual` engines that
+  start, serve, drain) and the EPP's default routing in front of them.
+- `replay.py` PURE: a trace through a policy and a pool, in virtual time -> Run.
+- `outcome.py` PURE: a Run judged: per-interval rows, GPU-hours, SLA shares, reversals.
+- `static.py` PURE: the static-peak / static-mean baselines and their sizing.
+- `compare.py` PURE: every policy on the same trace, pool and SLA.
+- `cli.py` I/O: `epp plan replay`, `epp plan bursty`; `plots.py` I/O: the timeline.
 """

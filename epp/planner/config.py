@@ -279,9 +279,7 @@ def parse_planner_config(raw: Any) -> PlannerConfig:
         if not any(str(key) in names for names in known.values()):
             close = difflib.get_close_matches(str(key), everything, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(
-                str(key), f"unknown setting{hint} (docs/planner.md lists them)"
-            )
+            raise ConfigError(str(key), f"unknown setting{hint} (docs/planner.md lists them)")
     parts = {}
     for cls in GROUPS:
         mine = {k: v for k, v in raw.items() if str(k) in known[cls]}

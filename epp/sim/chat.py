@@ -6,9 +6,11 @@ tokenize identical strings and their block hashes agree. A unit test pins the tw
 together.
 
 Optionally (`--chat-template`), a Hugging Face Jinja chat template from a
-`tokenizer_config.json` or a `.jinja` file renders the messages as `transformers` would
-(`add_generation_prompt=True`). That needs `jinja2`, an optional dependency (the `hf`
-extra); the EPP then sees other token ids unless it renders the same way.
+`tokenizer_config.json`, a `.jinja` file or a model directory renders the messages as
+vLLM would (`epp.chat_template`, `add_generation_prompt=True`; special tokens from the
+`tokenizer_config.json` beside a `.jinja` file). That needs `jinja2`, an optional
+dependency (the `hf` extra); the EPP renders the same way when its prefix producer's
+`tokenizer` is the model's directory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from epp.chat_template import ChatTemplate, TemplateRenderError, special_tokens
 from epp.request import render_chat
 
 Renderer = Callable[[list[dict[str, Any]]], str]
@@ -70,37 +73,36 @@ def load_renderer(spec: str | None) -> Renderer:
 
 
 def _jinja_renderer(path: Path) -> Renderer:
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError as e:
-        raise RuntimeError("a Jinja chat template needs the 'jinja2' package") from e
+    """The EPP's own vLLM-faithful renderer (`epp.chat_template`), so the simulator and
+    the EPP agree on every chat token, content parts and roles included."""
     if path.is_dir():
         path = path / "tokenizer_config.json"
     if not path.is_file():
         raise FileNotFoundError(f"chat template not found: {path}")
-    specials: dict[str, str] = {}
     if path.suffix == ".json":
         config = json.loads(path.read_text())
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: take "default"
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        if not isinstance(template, str):
-            raise ValueError(f"{path} has no chat_template")
-        for key in ("bos_token", "eos_token"):
-            token = config.get(key)
-            specials[key] = token.get("content", "") if isinstance(token, dict) else token or ""
+        template = (
+            ChatTemplate.from_model_dir(path.parent)
+            if path.name == "tokenizer_config.json"
+            else None
+        )
+        if template is None:
+            raw = config.get("chat_template")
+            if isinstance(raw, list):  # named templates: take "default"
+                raw = next((t["template"] for t in raw if t.get("name") == "default"), None)
+            if not isinstance(raw, str):
+                raise ValueError(f"{path} has no chat_template")
+            template = ChatTemplate(raw, special_tokens(config), str(path))
     else:
-        template = path.read_text()
-
-    def raise_exception(message: str) -> None:
-        raise ChatError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    compiled = env.from_string(template)
+        config_path = path.parent / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        template = ChatTemplate(path.read_text(), special_tokens(config), str(path))
 
     def render(messages: list[dict[str, Any]]) -> str:
-        plain = [{"role": m["role"], "content": m["text"]} for m in message_texts(messages)]
-        return compiled.render(messages=plain, add_generation_prompt=True, **specials)
+        message_texts(messages)  # the same validation (and 400s) as the plain rendering
+        try:
+            return template.render({"messages": messages})
+        except TemplateRenderError as e:
+            raise ChatError(f"chat template: {e}") from None
 
     return render

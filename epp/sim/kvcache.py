@@ -153,7 +153,9 @@ class KVCache:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[Block] = []
-        for digest in self.request_block_hashes(req, max_blocks * self.block_size):
+        # The hash list may already be longer (a preempted request's, or one built from
+        # a trace's block ids), so cap it: the last token must still be computed.
+        for digest in self.request_block_hashes(req, max_blocks * self.block_size)[:max_blocks]:
             holders = self._cached.get(digest)
             if not holders:
                 break

@@ -54,6 +54,15 @@ class StepCostModel:
         self.attention = config.attention_ms_per_ktoken
         self.lora_load = config.lora_load_ms
 
+    def decode_terms(self, decodes: int) -> tuple[float, float]:
+        """For a step of `decodes` decoding sequences and nothing else: (seconds the
+        step costs without context, seconds per context token). `seconds()` is linear in
+        the context, so a run of such steps has a closed-form total; the virtual engine
+        (`epp.sim.virtual`) jumps over runs of decode steps with it. A subclass that
+        changes `seconds()` must change this to match."""
+        matmul = self.decode * (1.0 + self.slowdown * (decodes - 1))
+        return (self.base + max(self.floor, matmul)) / 1000.0, self.attention / 1e6
+
     def seconds(self, shape: StepShape) -> float:
         if shape.empty:
             return 0.0

@@ -10,9 +10,22 @@ prefixcacheaffinity/plugin.go`, whose behaviour and defaults these are):
 - exploration: with probability `explorationProbability` keep everything, so other
   endpoints get to warm up their caches (llm-d's default 0 — off; GIE's is 0.01);
 - the TTFT load gate: each endpoint's TTFT is estimated as
-  `inflight_prefill_tokens / peakPrefillThroughput × 1000` ms (llm-d's formula exactly); if the best
-  sticky estimate exceeds the best non-sticky one by more than `maxTTFTPenaltyMs`, keep
+  `load tokens / peakPrefillThroughput × 1000` ms (llm-d's formula); if the best sticky
+  estimate exceeds the best non-sticky one by more than `maxTTFTPenaltyMs`, keep
   everything (stickiness broken). 0 turns the gate off (always stick).
+
+The load tokens are chosen by `loadSignal`:
+
+- `prefill` (llm-d's): the prompt tokens of requests that have not had their first token.
+  Blind to decode: a server busy generating long outputs looks idle, so on decode-bound
+  traffic one cached prefix keeps drawing requests (llm-d issue #355's "few unique
+  prefixes" hot spot).
+- `live` ("sticky until saturated", config/prefix-aware.yaml): everything the server still
+  owes, as the EPP counts it — in-flight prompt tokens plus the expected output tokens of
+  requests still generating (`EndpointSnapshot.inflight_tokens`, what `token-load-scorer`
+  spreads) — plus the scraped waiting queue × `queuedRequestTokens`, which sees load this
+  EPP did not send (another replica, direct clients); the EPP's own queued requests are
+  then counted twice, which only makes a queueing server give up stickiness sooner.
 
 No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
@@ -36,6 +49,8 @@ from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 
+_QUEUED_DEFAULT = 1024  # a typical chat prompt; only `live` reads it
+
 
 @dataclass(frozen=True)
 class PrefixAffinityParams:
@@ -54,6 +69,14 @@ class PrefixAffinityParams:
     peak_prefill_throughput: float = param(
         15928.0, min=0.0, doc="tokens/s one endpoint prefills; TTFT = in-flight tokens / this"
     )
+    load_signal: str = param(
+        "prefill",
+        choices=("prefill", "live"),
+        doc="gate load: prefill = in-flight prompt tokens (llm-d); live = + decode + queue",
+    )
+    queued_request_tokens: int = param(
+        _QUEUED_DEFAULT, min=0, doc="tokens one scraped waiting request adds to the live load"
+    )
     ttft_source: str = param(
         "prefillThroughput",
         choices=("prefillThroughput",),
@@ -61,6 +84,8 @@ class PrefixAffinityParams:
     )
 
     def validate(self) -> None:
+        if self.load_signal != "live" and self.queued_request_tokens != _QUEUED_DEFAULT:
+            raise ValueError("queuedRequestTokens is read only with loadSignal: live; set both")
         if self.max_ttft_penalty_ms > 0 and self.peak_prefill_throughput <= 0:
             raise ValueError("peakPrefillThroughput must be > 0 while maxTTFTPenaltyMs is > 0")
 
@@ -75,11 +100,20 @@ class PrefixCacheAffinityFilter(Plugin):
         self.exploration = params.exploration_probability
         self.max_penalty_ms = params.max_ttft_penalty_ms
         self.peak = params.peak_prefill_throughput
+        self.live = params.load_signal == "live"
+        self.queued_tokens = params.queued_request_tokens
         self.rng = handle.rng
 
+    def load_tokens(self, endpoint: EndpointSnapshot) -> int:
+        """The work ahead of a new request on `endpoint`, in tokens (see `loadSignal`)."""
+        if not self.live:
+            return endpoint.inflight_prefill_tokens
+        queued = endpoint.metrics.waiting_queue_size * self.queued_tokens
+        return endpoint.inflight_tokens + queued
+
     def ttft_ms(self, endpoint: EndpointSnapshot) -> float:
-        """Estimated time to first token: the in-flight tokens ahead of it, prefilled at peak."""
-        return endpoint.inflight_prefill_tokens / self.peak * 1000.0
+        """Estimated time to first token: the load tokens ahead of it, prefilled at peak."""
+        return self.load_tokens(endpoint) / self.peak * 1000.0
 
     def filter(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]

@@ -13,9 +13,12 @@ Blocks (GIE `approximateprefix`, reference §3.4):
 - no `tokenizer`: a block is `blockSizeTokens × 4` bytes of the prompt text (upstream's
   4 characters per token), a trailing partial block is hashed and counted, and a prompt
   shorter than one block has no blocks (every score 0);
-- with `tokenizer` ("simple" or a tokenizer.json path): a block is `blockSizeTokens`
-  token ids (packed as little-endian uint32), with the same partial-block rule; a
-  prompt sent as token ids is always hashed that way (`InferenceRequest.prompt_token_ids`);
+- with `tokenizer` ("simple", a tokenizer.json path, or the model's directory — then chat
+  requests are rendered by its chat template as vLLM renders them, `epp.prompt_tokens`):
+  a block is `blockSizeTokens` token ids (packed as little-endian uint32), with the same
+  partial-block rule; a prompt sent as token ids is always hashed that way
+  (`InferenceRequest.prompt_token_ids`). The ids are computed once per request and
+  shared with any other plugin using the same tokenizer;
 - `autoTune`: the block size is the first candidate's `vllm:cache_config_info`
   `block_size`, and each endpoint's LRU capacity its `num_gpu_blocks`, when reported.
 - `hashBlockSize` (upstream v1.0, deprecated): characters per block; when set it wins
@@ -28,6 +31,7 @@ import logging
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
+from epp.prompt_tokens import prompt_token_ids
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
@@ -66,7 +70,9 @@ class ApproxPrefixParams:
         True, doc="block size and capacity from each endpoint's vllm:cache_config_info"
     )
     tokenizer: str | None = param(
-        None, doc='"simple" or a tokenizer.json path: blocks of token ids instead of characters'
+        None,
+        doc='"simple", a tokenizer.json path or a model directory (its chat template too): '
+        "blocks of token ids instead of characters",
     )
     hash_block_size: int = param(
         0, min=0, doc="deprecated (upstream v1.0): characters per block; overrides the above"
@@ -123,7 +129,8 @@ class ApproxPrefixCacheProducer(Plugin):
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> PrefixMatchInfo:
         block_tokens = self.block_size(endpoints)
-        hashes = self.hashes(request, block_tokens)
+        ids = self.token_ids(state, request)
+        hashes = self.hashes(request, block_tokens, ids)
         counts = self.index.match(hashes)
         return PrefixMatchInfo(
             total_blocks=len(hashes),
@@ -131,7 +138,16 @@ class ApproxPrefixCacheProducer(Plugin):
             matched=counts,
             cached_blocks=counts,
             chains={block_tokens: hashes},
+            prompt_tokens=len(ids) if ids is not None else 0,
         )
+
+    def token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int] | None:
+        """The prompt's ids (client-sent, or tokenized once per request), None to cut text."""
+        if request.prompt_token_ids is not None:
+            return request.prompt_token_ids
+        if self.tokenizer is None:
+            return None
+        return prompt_token_ids(state, request, self.tokenizer)
 
     def block_size(self, endpoints: list[EndpointSnapshot]) -> int:
         """Tokens per block: hashBlockSize / 4, else autoTune's, else blockSizeTokens."""
@@ -151,13 +167,14 @@ class ApproxPrefixCacheProducer(Plugin):
     def block_chars(self, block_tokens: int) -> int:
         return self.params.hash_block_size or block_tokens * CHARS_PER_TOKEN
 
-    def hashes(self, request: InferenceRequest, block_tokens: int) -> list[int]:
+    def hashes(
+        self, request: InferenceRequest, block_tokens: int, ids: list[int] | None = None
+    ) -> list[int]:
         seed = chain_seed(request.target_model or request.model, request.cache_salt)
         cap = self.max_blocks(block_tokens)
         text = request.prompt_text
-        ids = request.prompt_token_ids
-        if ids is None and self.tokenizer is not None:
-            ids = self.tokenizer.encode(text)
+        if ids is None:
+            ids = self.token_ids(None, request)
         if ids is not None:
             return chain_tokens(ids, block_tokens, seed, max_blocks=cap, partial=True)
         chars = self.block_chars(block_tokens)

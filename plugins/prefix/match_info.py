@@ -26,6 +26,8 @@ class PrefixMatchInfo:
     must use to count cached tokens (llm-d#1466 undercounted with the weighted one).
     `chains[block_size_tokens]` is the request's block-hash chain at each block size the
     producer matched, which its pre-request hook records for the picked endpoints.
+    `prompt_tokens` is the prompt's length in tokens when the producer counted tokens
+    (0 when it cut characters), which caps `cached_tokens` as vLLM caps a hit.
     """
 
     total_blocks: int
@@ -33,6 +35,7 @@ class PrefixMatchInfo:
     matched: Mapping[str, float] = field(default_factory=dict)
     cached_blocks: Mapping[str, int] = field(default_factory=dict)
     chains: Mapping[int, Sequence[int]] = field(default_factory=dict)
+    prompt_tokens: int = 0
 
     def score(self, endpoint_name: str) -> float:
         if self.total_blocks <= 0:
@@ -40,4 +43,13 @@ class PrefixMatchInfo:
         return min(1.0, self.matched.get(endpoint_name, 0.0) / self.total_blocks)
 
     def cached_tokens(self, endpoint_name: str) -> int:
-        return self.cached_blocks.get(endpoint_name, 0) * self.block_size_tokens
+        """Tokens the endpoint will serve from its cache: its leading cached blocks, at
+        most the full blocks before the prompt's last token — vLLM always computes the
+        last token (`KVCacheManager.get_computed_blocks` looks up at most
+        `num_tokens - 1` tokens), so a fully cached 64-token prompt at block size 32 hits
+        32 tokens, not 64. This is the `usage.prompt_tokens_details.cached_tokens` the
+        server reports."""
+        blocks = self.cached_blocks.get(endpoint_name, 0)
+        if self.prompt_tokens > 0:
+            blocks = min(blocks, (self.prompt_tokens - 1) // self.block_size_tokens)
+        return blocks * self.block_size_tokens

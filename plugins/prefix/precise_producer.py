@@ -1,9 +1,10 @@
 """`precise-prefix-cache-producer`: which endpoint holds this prompt's prefix, from what
 the servers themselves report in their KV events (llm-d's "precise" prefix scoring).
 
-Per request (`produce`): tokenize `prompt_text` with the configured tokenizer (the one the
-servers use: a tokenizer.json path for real models; "simple" matches `epp sim`), or take
-the prompt's token ids when the client sent ids (`InferenceRequest.prompt_token_ids`), chain
+Per request (`produce`): the prompt's token ids as the servers compute them
+(`epp.prompt_tokens`: the configured tokenizer — the served model's directory for real
+models, whose chat template renders chat requests exactly as vLLM does; "simple" matches
+`epp sim` — computed once per request and shared; or the ids the client sent), chain
 the hashes of its full blocks with the seed rule of `precise_index.py`, and produce a
 `PrefixMatchInfo` (under `PREFIX_MATCH_KEY`, its `produces` key): `total_blocks` = full
 blocks of the prompt (a trailing partial block is never cached by vLLM, so it is not
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from epp.datalayer.kvevents import MODES, KVEventSubscriber
 from epp.datastore import EndpointSnapshot
+from epp.prompt_tokens import prompt_token_ids
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
@@ -82,7 +84,9 @@ class PrecisePrefixParams:
     )
     topic_filter: str = param("kv@", doc="ZMQ subscription prefix (llm-d's default)")
     tokenizer: str = param(
-        "simple", doc='"simple" (as epp sim) or the served model\'s tokenizer.json path'
+        "simple",
+        doc='"simple" (as epp sim), or the served model\'s directory (tokenizer.json and '
+        "chat template) or tokenizer.json path",
     )
     # 16 = vLLM's default block size (llm-d tokenProcessorConfig default).
     block_size_tokens: int = param(
@@ -133,7 +137,7 @@ class PrecisePrefixCacheProducer(Plugin):
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> PrefixMatchInfo:
-        ids = self._token_ids(request)
+        ids = self._token_ids(state, request)
         seed = _seed(request)
         known = [self.known_block_size(e) for e in endpoints]
         counts = collections.Counter(size for size in known if size)
@@ -162,11 +166,11 @@ class PrecisePrefixCacheProducer(Plugin):
             matched=matched,
             cached_blocks=cached,
             chains=chains,
+            prompt_tokens=len(ids),
         )
 
-    def _token_ids(self, request: InferenceRequest) -> list[int]:
-        ids = request.prompt_token_ids
-        return ids if ids is not None else self.tokenizer.encode(request.prompt_text)
+    def _token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int]:
+        return prompt_token_ids(state, request, self.tokenizer)
 
     # ---- PreRequest ---------------------------------------------------------
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
@@ -179,7 +183,8 @@ class PrecisePrefixCacheProducer(Plugin):
             size = self.known_block_size(snap) or info.block_size_tokens
             hashes = info.chains.get(size)
             if hashes is None:  # the endpoint's block size changed since `produce`
-                hashes = chain_tokens(self._token_ids(request), size, _seed(request))
+                ids = self._token_ids(result.cycle_state, request)
+                hashes = chain_tokens(ids, size, _seed(request))
             self.index.add_speculative(snap.name, hashes, self.ttl)
 
     # ---- Lifecycle: the KV-event subscriber -----------------------------------

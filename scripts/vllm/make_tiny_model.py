@@ -15,6 +15,11 @@ Nothing is downloaded (no hub can be reached from here, shared/REAL_VLLM.md):
   (seeded), saved as safetensors in float32.
 - a LoRA adapter for it in OUT_DIR/lora-adapter (rank 8, random), so a server started
   with `--enable-lora --lora-modules` reports its LoRA metrics.
+- a BOS variant in OUT_DIR/bos-variant: the same weights and vocabulary, but a tokenizer
+  whose post-processor adds `<s>` (`add_bos_token`) and a chat template that writes
+  `{{ bos_token }}` itself, as Llama-family models do. A server on it shows vLLM's BOS
+  rule: a completion prompt gets one BOS from the tokenizer, a chat gets one from the
+  template and none added on top (the EPP must predict both).
 
 Idempotent: OUT_DIR/.complete marks a finished model; with it present nothing is done
 unless --force. Runs with the python of `.venv-vllm` (it has torch, transformers and
@@ -172,6 +177,55 @@ def make_lora(out: Path, model_dir: Path) -> None:
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+BOS_DIR = "bos-variant"  # inside the model directory
+# The variant's template writes the BOS itself, renders tools and tool calls (JSON through
+# the template's `tojson`), and loops over content parts, so vLLM passes it messages in
+# the "openai" content format (lists of parts): the paths the EPP must render alike.
+BOS_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|tools|>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</s>\n{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}"
+    "<tool_call>{{ call.function.name }} {{ call.function.arguments | tojson }}</tool_call>"
+    "{% endfor %}{% endif %}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def make_bos_variant(model_dir: Path, out: Path) -> None:
+    """The BOS variant (see the module doc): JSON edits of the saved tokenizer only."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out / name)
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    bos = SPECIAL["bos"]
+    bos_id = next(t["id"] for t in tok["added_tokens"] if t["content"] == bos)
+    tok["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tok))
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["add_bos_token"] = True
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "chat_template.jinja").write_text(BOS_CHAT_TEMPLATE)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="directory to write (config, weights, tokenizer)")
@@ -180,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     done = out / ".complete"
     if done.is_file() and not args.force:
+        variant = out / BOS_DIR / "chat_template.jinja"
+        if not variant.is_file() or variant.read_text() != BOS_CHAT_TEMPLATE:  # older model
+            make_bos_variant(out, out / BOS_DIR)
         print(f"tiny model: {out} already complete")
         return 0
     if out.exists():
@@ -188,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = make_tokenizer(out)
     make_model(out, tokenizer)
     make_lora(out / LORA_DIR, out)
+    make_bos_variant(out, out / BOS_DIR)
     if not (out / "tokenizer.json").is_file():
         raise SystemExit(f"make_tiny_model: no tokenizer.json written in {out}")
     sample = "def routing(request): return the best endpoint"

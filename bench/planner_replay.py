@@ -1,0 +1,78 @@
+"""How fast `epp plan replay` replays: an hour of the Azure trace through static pools
+of the 8B preset, and macro-stepping against single-stepping on the same slice.
+
+    .venv/bin/python bench/planner_replay.py                 # the table in docs/BENCHMARKS.md
+    .venv/bin/python bench/planner_replay.py --repeats 1     # quicker
+
+Each run replays the whole trace (every request, every engine step) through a static
+pool of N replicas (`static-peak`-like: no scaling, so the figure is the pool model's
+and the engines' cost, not a policy's). Reported: wall and CPU seconds (median of
+`--repeats`; CPU time is the steadier figure on a shared machine), engine steps
+simulated, and simulated seconds per wall second. The single-stepping comparison runs
+the trace's first `--slice` seconds both ways in one process, alternating, so the ratio
+is measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from epp.planner.pool import PoolShape, Spares  # noqa: E402
+from epp.planner.replay import replay  # noqa: E402
+from epp.planner.static import StaticPolicy  # noqa: E402
+from epp.planner.tracefile import load_trace  # noqa: E402
+from epp.sim import presets  # noqa: E402
+
+TRACES = Path("/work/shared/traces")
+
+
+def timed(arrivals, shape, n: int, spares: Spares) -> tuple[float, float, int]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    run = replay(arrivals, StaticPolicy("static", n, 60.0), shape, initial=n, spares=spares)
+    assert run.lost == 0
+    return time.perf_counter() - wall, time.process_time() - cpu, run.steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=TRACES / "azure-llm-conv-2023.csv")
+    ap.add_argument("--replicas", default="4,8,16", help="pool sizes (comma-separated)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--slice", type=float, default=300.0, help="seconds for the ratio run")
+    args = ap.parse_args()
+    arrivals = load_trace(args.trace)
+    caching = any(a.hash_ids for a in arrivals)
+    sim = presets.config_for("llama-3.1-8b-h100", enable_prefix_caching=caching)
+    shape = PoolShape(sim)
+    span = arrivals[-1].t_s
+    print(f"{args.trace.name}: {len(arrivals)} requests over {span / 60:.1f} min, "
+          f"llama-3.1-8b-h100, static pools")  # fmt: skip
+    print(f"{'replicas':>8} {'wall s':>8} {'CPU s':>8} {'steps':>10} {'sim s / wall s':>15}")
+    spares = Spares()
+    for n in (int(x) for x in args.replicas.split(",")):
+        rows = [timed(arrivals, shape, n, spares) for _ in range(args.repeats)]
+        wall = statistics.median(r[0] for r in rows)
+        cpu = statistics.median(r[1] for r in rows)
+        print(f"{n:8d} {wall:8.1f} {cpu:8.1f} {rows[0][2]:10d} {span / wall:15.0f}")
+
+    part = [a for a in arrivals if a.t_s < args.slice]
+    n = 4
+    fast, slow = Spares(), Spares(macro=False)
+    pairs = [(timed(part, shape, n, fast), timed(part, shape, n, slow)) for _ in range(3)]
+    f = statistics.median(p[0][1] for p in pairs)
+    s = statistics.median(p[1][1] for p in pairs)
+    assert pairs[0][0][2] == pairs[0][1][2], "macro and single stepping simulated different steps"
+    print(f"\nfirst {args.slice:g} s ({len(part)} requests), {n} replicas, {pairs[0][0][2]} steps: "
+          f"macro-stepping {f:.2f} s CPU, single-stepping {s:.2f} s CPU: {s / f:.1f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,584 @@
+"""`epp plan replay`: a trace through the planner and a simulated pool, offline.
+
+    epp plan replay --trace ../shared/traces/azure-llm-conv-2023.csv --compare \\
+        --json out.json --plot out.png
+
+I/O lives here (reading the trace, the planner file and the profile, printing, the
+JSON and the plot); the replay itself is pure (`replay.py`, `compare.py`). Every bad
+input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from epp.planner import compare as cmp
+from epp.planner.outcome import Sla, Summary
+from epp.planner.pool import PoolShape, Spares
+from epp.planner.replay import Arrival, Progress
+from epp.planner.static import (
+    ITL_HEADROOM,
+    STATIC_NAMES,
+    TTFT_HEADROOM,
+    NoPoolMeetsSla,
+    Sizer,
+    StaticPolicy,
+)
+from epp.planner.types import Policy
+
+DEFAULT_PRESET = "llama-3.1-8b-h100"
+DEFAULT_INTERVAL_S = 60.0  # Dynamo's examples and tests use 60 s (reference §1.7, §8.1)
+DEFAULT_STARTUP_S = 120.0
+PLANNER_POLICIES = ("load", "dynamo", "epp")
+MODE_OF = {"load": "load", "dynamo": "dynamo", "epp": "sla"}
+
+
+class UsageError(Exception):
+    """A bad flag or input: printed as one line, exit 2."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="plan_command", metavar="SUBCOMMAND", required=True)
+    r = sub.add_parser(
+        "replay",
+        help="replay a trace through the planner and a simulated pool (what-if, offline)",
+        description="Replay a request trace (Mooncake JSONL or Azure CSV) through a scaling "
+        "policy and a pool of simulated model servers in virtual time; print per-interval "
+        "replicas, latency and SLA attainment, or compare policies side by side.",
+    )
+    r.add_argument("--trace", required=True, metavar="FILE", help="Mooncake JSONL or Azure CSV")
+    r.add_argument(
+        "--compare",
+        action="store_true",
+        help="run static-peak, static-mean, load, dynamo and epp side by side",
+    )
+    r.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="the one policy to replay without --compare: epp, dynamo, load, "
+        "static-peak or static-mean (default: the planner file's mode, else epp)",
+    )
+    r.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
+    r.add_argument("--plot", metavar="FILE", help="write replicas and latency over time (PNG)")
+    r.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        metavar="NAME",
+        help=f"simulated server of every replica (default {DEFAULT_PRESET})",
+    )
+    r.add_argument("--ttft", type=float, metavar="MS", help="TTFT SLA, ms (p90)")
+    r.add_argument("--itl", type=float, metavar="MS", help="ITL SLA, ms (p90)")
+    r.add_argument(
+        "--interval",
+        type=float,
+        metavar="S",
+        help=f"adjustment and report interval, s (default {DEFAULT_INTERVAL_S:g}; "
+        "load keeps seed 002's 30 s unless given)",
+    )
+    r.add_argument(
+        "--startup-s",
+        type=float,
+        default=DEFAULT_STARTUP_S,
+        metavar="S",
+        help=f"a new replica's start-up delay (default {DEFAULT_STARTUP_S:g})",
+    )
+    r.add_argument(
+        "--time-limit",
+        metavar="DURATION",
+        help="replay only the trace's first DURATION (600, 90s, 10m, 1h)",
+    )
+    r.add_argument("--planner", metavar="FILE", help="planner file (YAML, kebab-case keys)")
+    r.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile results for the SLA policies (epp profile's output; default: "
+        "the planner file's profile-results-dir, else the preset profiled in "
+        "virtual time)",
+    )
+    r.add_argument(
+        "--rate-scale",
+        type=float,
+        metavar="K",
+        help="K times the trace's arrival rate (copies with seeded jitter and their "
+        "own prefix ids; tracegen.scale_rate)",
+    )
+    r.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the routing tie-break and --rate-scale (default 0)",
+    )
+    r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+    b = sub.add_parser(
+        "bursty",
+        help="write a generated bursty trace (Mooncake JSONL) for replays",
+        description="Write a seeded bursty trace: quiet gaps with no request, then bursts at "
+        "several times the mean rate (tracegen.bursty; Azure-like lengths, no prefix ids).",
+    )
+    b.add_argument("-o", "--out", required=True, metavar="FILE", help="JSONL file to write")
+    b.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
+    b.add_argument("--duration", default="1h", metavar="DURATION", help="trace length (default 1h)")
+    b.add_argument(
+        "--rate",
+        type=float,
+        default=5.0,
+        metavar="RPS",
+        help="long-run mean request rate (default 5 req/s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.plan_command == "bursty":
+            return _bursty(args)
+        return _replay(args)
+    except UsageError as e:
+        print(f"epp plan replay: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:  # TraceError, ConfigError, ProfileError, presets
+        print(f"epp plan replay: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+# -- the command ----------------------------------------------------------------------
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from epp.planner.tracefile import load_trace
+    from epp.sim import presets
+
+    if args.rate_scale is not None and not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
+        raise UsageError("--rate-scale must be a positive number")
+    arrivals = load_trace(args.trace)
+    if args.rate_scale is not None:
+        from epp.planner.tracegen import scale_rate
+
+        arrivals = scale_rate(arrivals, args.rate_scale, seed=args.seed)
+    if args.time_limit is not None:
+        limit = parse_duration(args.time_limit)
+        arrivals = [a for a in arrivals if a.t_s < limit]
+        if not arrivals:
+            raise UsageError(f"--time-limit {args.time_limit}: no request arrives that early")
+    interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    if not (interval > 0 and math.isfinite(interval)):
+        raise UsageError("--interval must be a positive number of seconds")
+    if not (args.startup_s >= 0 and math.isfinite(args.startup_s)):
+        raise UsageError("--startup-s must be a non-negative number of seconds")
+    for flag, v in (("--ttft", args.ttft), ("--itl", args.itl)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"{flag} must be a positive number of milliseconds")
+    preset = presets.get(args.preset)  # ValueError names the known ones
+    caching = any(a.hash_ids for a in arrivals)
+    sim = presets.config_for(preset.name, enable_prefix_caching=caching)
+    shape = PoolShape(sim, gpus_per_replica=_preset_gpus(preset.name), startup_s=args.startup_s)
+    say = _Say(args.quiet)
+    say(
+        f"trace {args.trace}: {len(arrivals)} requests over {arrivals[-1].t_s / 60:.1f} min"
+        f"{'' if caching else ' (no prefix ids: prefix caching off, equivalent and faster)'}"
+    )
+
+    spares = Spares()
+    sizer = Sizer(arrivals, shape, spares)
+    sla = _given_sla(args)
+    if sla is None and (args.ttft is not None or args.itl is not None):
+        picked = sizer.default_sla(interval)
+        sla = Sla(args.ttft or picked.ttft_ms, args.itl or picked.itl_ms)
+    try:
+        setup = cmp.prepare(arrivals, shape, interval, sla, sizer=sizer)
+    except NoPoolMeetsSla as e:
+        raise UsageError(str(e)) from None
+    setup = dataclasses.replace(setup, budget_gpus=_budget(args, setup))
+    _describe(setup, preset.name, args, say)
+
+    names = _policy_names(args)
+    factories = _factories([n for n in names if n not in STATIC_NAMES], args, setup, say)
+    started = time.monotonic()
+    if args.compare:
+        results = cmp.compare(
+            arrivals, setup, factories, seed=args.seed, spares=spares, progress=say.progress
+        )
+        print_comparison(results, setup)
+    else:
+        results = [_single(names[0], arrivals, setup, factories, args, spares, say)]
+        print_intervals(results[0].summary, setup)
+        print_comparison(results, setup)
+    say(f"replayed in {time.monotonic() - started:.1f} s wall")
+    if args.json:
+        write_json(Path(args.json), results, setup, preset.name)
+    if args.plot:
+        from epp.planner.plots import plot_replay
+
+        plot_replay(Path(args.plot), results, setup)
+        say(f"wrote {args.plot}")
+    return 0
+
+
+def _bursty(args: argparse.Namespace) -> int:
+    from epp.planner.tracegen import bursty
+
+    duration = parse_duration(args.duration, "--duration")
+    if not (args.rate > 0 and math.isfinite(args.rate)):
+        raise UsageError("--rate must be a positive number of requests per second")
+    arrivals = bursty(args.seed, duration, args.rate)
+    lines = [
+        json.dumps(
+            {
+                "timestamp": round(a.t_s * 1000, 3),
+                "input_length": a.isl,
+                "output_length": a.osl,
+                "hash_ids": list(a.hash_ids),
+            }
+        )
+        for a in arrivals
+    ]
+    try:
+        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"{args.out}: cannot write the trace: {e.strerror}") from None
+    print(
+        f"wrote {args.out}: {len(arrivals)} requests over {duration / 60:g} min, mean "
+        f"{len(arrivals) / duration:.2f} req/s (seed {args.seed})"
+    )
+    return 0
+
+
+def _single(
+    name: str,
+    arrivals: Sequence[Arrival],
+    setup: cmp.Setup,
+    factories: dict[str, cmp.PolicyFactory],
+    args: argparse.Namespace,
+    spares: Spares,
+    say: _Say,
+) -> cmp.Result:
+    if name == "static-peak":
+        return cmp.static_peak(
+            arrivals, setup, seed=args.seed, spares=spares, progress=say.progress(name)
+        )
+    n = setup.mean.replicas
+    policy: Policy = (
+        StaticPolicy(name, n, setup.interval_s) if name == "static-mean" else factories[name]()
+    )
+    return cmp.run_policy(
+        arrivals, policy, setup, n, seed=args.seed, spares=spares, progress=say.progress(name)
+    )
+
+
+def _given_sla(args: argparse.Namespace) -> Sla | None:
+    if args.ttft is not None and args.itl is not None:
+        return Sla(args.ttft, args.itl)
+    return None
+
+
+def _policy_names(args: argparse.Namespace) -> list[str]:
+    known = (*STATIC_NAMES, *PLANNER_POLICIES)
+    if args.compare:
+        if args.policy:
+            raise UsageError("--policy picks the one policy to replay; drop it with --compare")
+        return list(known)
+    name = args.policy or "epp"
+    if name not in known:
+        raise UsageError(f"unknown policy {name!r}; choose one of {', '.join(known)}")
+    return [name]
+
+
+def _preset_gpus(name: str) -> int:
+    """GPUs behind one replica: the preset's name says it ("4xh100" is TP=4)."""
+    m = re.search(r"(\d+)xh100", name)
+    return int(m.group(1)) if m else 1
+
+
+# -- the planner's policies (epp.planner.planner, when present) -----------------------
+
+
+def _factories(
+    names: Sequence[str], args: argparse.Namespace, setup: cmp.Setup, say: _Say
+) -> dict[str, cmp.PolicyFactory]:
+    if not names:
+        return {}
+    try:
+        from epp.planner.planner import build_policy
+    except ImportError:
+        missing = ", ".join(names)
+        if not args.compare:
+            raise UsageError(
+                f"policy {missing} is not in this build (epp.planner.planner)"
+            ) from None
+        say(f"note: {missing} not in this build (epp.planner.planner): compared without them")
+        return {}
+    base = _planner_config(args)
+    profile = None
+    if any(n in ("epp", "dynamo") for n in names):
+        profile = _profile(args, base, setup, say)
+    out: dict[str, cmp.PolicyFactory] = {}
+    for name in names:
+        config = _config_for(name, base, args, setup)
+
+        def make(name: str = name, config: Any = config) -> Policy:
+            return build_policy(name, config, profile)
+
+        make()  # a bad combination fails here, before any replay runs
+        out[name] = make
+    return out
+
+
+def _planner_config(args: argparse.Namespace) -> Any:
+    try:
+        from epp.planner.config import PlannerConfig, load_planner_file
+    except ImportError:
+        raise UsageError("--planner needs epp.planner.config, not in this build") from None
+
+    if args.planner is None:
+        return PlannerConfig()
+    try:
+        text = Path(args.planner).read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"{args.planner}: cannot read the planner file: {e.strerror}") from None
+    return load_planner_file(text, args.planner)
+
+
+def _budget(args: argparse.Namespace, setup: cmp.Setup) -> int | None:
+    """The planners' GPU budget: the planner file's, else twice static-peak's GPUs (at
+    least the library default of 8, which alone would cap a larger pool)."""
+    if args.planner is not None:
+        return _planner_config(args).budget.max_gpu_budget
+    return max(8, 2 * setup.peak.replicas * setup.shape.gpus_per_replica)
+
+
+def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup) -> Any:
+    """The planner file's settings with what the replay fixes for every policy: the
+    mode, the SLA, the pool shape (aggregated), the start-up time the SLA mode plans
+    for, the interval when given, and a GPU budget of twice static-peak's when the file
+    sets none (the library default of 8 would cap a larger pool)."""
+    planner = base.planner
+    interval = args.interval
+    if interval is None and planner.adjustment_interval is None and name != "load":
+        interval = DEFAULT_INTERVAL_S
+    planner = dataclasses.replace(
+        planner,
+        mode=MODE_OF[name],
+        pool="aggregated",
+        adjustment_interval=interval if interval is not None else planner.adjustment_interval,
+    )
+    budget = base.budget
+    if args.planner is None:
+        gpus = setup.shape.gpus_per_replica
+        budget = dataclasses.replace(
+            budget,
+            max_gpu_budget=setup.budget_gpus,
+            decode_engine_num_gpu=gpus,
+            prefill_engine_num_gpu=gpus,
+        )
+    return dataclasses.replace(
+        base,
+        planner=planner,
+        budget=budget,
+        sla=dataclasses.replace(base.sla, ttft=setup.sla.ttft_ms, itl=setup.sla.itl_ms),
+        beyond=dataclasses.replace(base.beyond, startup_time=setup.shape.startup_s),
+    )
+
+
+def _profile(args: argparse.Namespace, base: Any, setup: cmp.Setup, say: _Say) -> Any:
+    from epp.planner.perf import load_profile
+
+    if args.profile:
+        return load_profile(args.profile)
+    if args.planner and Path(base.planner.profile_results_dir).is_dir():
+        return load_profile(base.planner.profile_results_dir)
+    say(f"profiling {setup.shape.sim.preset} in virtual time for the SLA policies ...")
+    return _virtual_profile(setup, say.quiet)
+
+
+def _virtual_profile(setup: cmp.Setup, quiet: bool) -> Any:
+    """`epp profile --virtual-preset PRESET` in-process: the preset's own scheduler in
+    virtual time, no sockets (the profiler's sweep, the planner's interpolators). The
+    sweep's target lengths are the trace's median ISL and OSL, within the model's
+    length; a toy preset (under 4k tokens) gets the profiler's quick sweep."""
+    try:
+        import asyncio
+
+        from epp.planner.perf import Profile
+        from epp.planner.profiler.driver import Sla as ProfilerSla
+        from epp.planner.profiler.driver import profile
+        from epp.planner.profiler.plan import SweepSettings
+        from epp.planner.profiler.results import decode_arrays, prefill_arrays
+        from epp.planner.profiler.sweep import ProgressBar
+        from epp.planner.profiler.virtual import VirtualTarget
+    except ImportError:
+        raise UsageError(
+            "the SLA policies (epp, dynamo) need a profile and the profiler is not in this "
+            f"build: give --profile DIR (epp profile --virtual-preset {setup.shape.sim.preset}"
+            " -o DIR)"
+        ) from None
+    sim = setup.shape.sim
+    preset, sla, model_len = sim.preset, setup.sla, sim.model_len
+    isl = max(1, min(setup.median_isl, model_len // 2))
+    osl = max(2, min(setup.median_osl, model_len // 4))
+    context = min(model_len, SweepSettings().max_context_length)
+    quick = model_len < 4096
+    settings = (
+        SweepSettings.quick(isl=isl, osl=osl, max_context_length=context, decode_osl=osl)
+        if quick
+        else SweepSettings(isl=isl, osl=osl, max_context_length=context)
+    )
+    report = asyncio.run(
+        profile(
+            [VirtualTarget.for_preset(preset)],
+            settings,
+            ProfilerSla(sla.ttft_ms, sla.itl_ms),
+            ProgressBar(enabled=not quiet),
+        )
+    )
+    return Profile.from_arrays(
+        prefill_arrays(report.prefill),
+        decode_arrays(report.decode, report.decode_max_kv_tokens),
+        source=f"virtual:{preset}",
+    )
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def _describe(setup: cmp.Setup, preset: str, args: argparse.Namespace, say: _Say) -> None:
+    sla = setup.sla
+    how = (
+        f"picked from the trace: {TTFT_HEADROOM:g}x p90 TTFT and {ITL_HEADROOM:g}x p90 ITL "
+        "of its busiest interval on a pool where more replicas stop helping, rounded up"
+        if setup.sla_picked
+        else "given"
+    )
+    say(
+        f"preset {preset}, {setup.shape.gpus_per_replica} GPU(s) per replica, start-up "
+        f"{setup.shape.startup_s:g} s, interval {setup.interval_s:g} s"
+    )
+    say(f"SLA: p90 TTFT <= {sla.ttft_ms:g} ms, p90 ITL <= {sla.itl_ms:g} ms ({how})")
+    say(
+        f"static pools: peak {setup.peak.replicas} replicas (busiest intervals), "
+        f"mean {setup.mean.replicas} (an interval at the mean rate, "
+        f"{setup.mean.segment.arrivals} requests)"
+    )
+
+
+def print_intervals(s: Summary, setup: cmp.Setup) -> None:
+    print(f"\n{s.policy}: per {setup.interval_s:g} s interval (requests by arrival)")
+    print(
+        f"{'t min':>6} {'ready':>5} {'start':>5} {'drain':>5} {'GPUs':>5} {'reqs':>5} "
+        f"{'TTFT p50/p90/p99 ms':>21} {'ITL p50/p90/p99 ms':>19} {'met':>6}  SLA"
+    )
+    for r in s.rows:
+        ttft = _triple(r.ttft_ms, 0)
+        itl = _triple(r.itl_ms, 1)
+        met = "" if math.isnan(r.met) else f"{r.met:.1%}"
+        ok = "" if r.within is None else ("ok" if r.within else "MISS")
+        print(
+            f"{r.start / 60:6.1f} {r.ready:5d} {r.starting:5d} {r.draining:5d} "
+            f"{r.gpus:5.1f} {r.requests:5d} {ttft:>21} {itl:>19} {met:>6}  {ok}"
+        )
+
+
+def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
+    peak = next((r for r in results if r.summary.policy == "static-peak"), None)
+    print(
+        f"\nSLA p90 TTFT <= {setup.sla.ttft_ms:g} ms, p90 ITL <= {setup.sla.itl_ms:g} ms; "
+        f"intervals of {setup.interval_s:g} s"
+    )
+    print(
+        f"{'policy':<12} {'GPU-h':>7} {'vs peak':>7} {'intervals':>9} {'requests':>8} "
+        f"{'worst 5m':>8} {'actions':>7} {'revers.':>7} {'lost':>4} {'>budget':>7}  replicas"
+    )
+    for r in results:
+        s = r.summary
+        ratio = f"{s.gpu_hours / peak.summary.gpu_hours:.2f}" if peak else "-"
+        print(
+            f"{s.policy:<12} {s.gpu_hours:7.2f} {ratio:>7} {s.sla_intervals:9.1%} "
+            f"{s.sla_requests:8.1%} {s.worst_window:8.1%} {s.actions:7d} {s.reversals:7d} "
+            f"{s.lost:4d} {s.over_budget:7d}  {r.note or r.initial}"
+        )
+    rejected = max((r.summary.rejected for r in results), default=0)
+    if rejected:
+        print(
+            f"({rejected} requests longer than the model's context were rejected by the "
+            "server in every run and are left out of the shares)"
+        )
+
+
+def write_json(path: Path, results: Sequence[cmp.Result], setup: cmp.Setup, preset: str) -> None:
+    doc = {
+        "policies": [r.summary.as_json() | {"initial_replicas": r.initial} for r in results],
+        "sla": {
+            "ttft_ms": setup.sla.ttft_ms,
+            "itl_ms": setup.sla.itl_ms,
+            "picked": setup.sla_picked,
+        },
+        "interval_s": setup.interval_s,
+        "startup_s": setup.shape.startup_s,
+        "preset": preset,
+        "static_peak_replicas": setup.peak.replicas,
+        "static_mean_replicas": setup.mean.replicas,
+    }
+    try:
+        path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write the JSON: {e.strerror}") from None
+
+
+def _triple(stats: Any, digits: int) -> str:
+    if stats.empty:
+        return "-"
+    return f"{stats.p50:.{digits}f}/{stats.p90:.{digits}f}/{stats.p99:.{digits}f}"
+
+
+# -- small helpers ----------------------------------------------------------------------
+
+
+def parse_duration(text: str, flag: str = "--time-limit") -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", text)
+    if not m:
+        raise UsageError(f"{flag} {text!r}: expected a duration like 600, 90s, 10m or 1h")
+    value = float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    if value <= 0:
+        raise UsageError(f"{flag} must be positive")
+    return value
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+class _Say:
+    """Progress and notes on stderr (results go to stdout)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def progress(self, name: str) -> Progress | None:
+        if self.quiet:
+            return None
+        last = [0.0]
+
+        def report(now: float, end: float) -> None:
+            wall = time.monotonic()
+            if wall - last[0] >= 2.0 or now >= end:
+                last[0] = wall
+                pct = 100.0 * now / end if end > 0 else 100.0
+                print(
+                    f"  {name}: {now / 60:6.1f} of {end / 60:.1f} min ({pct:3.0f} %)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        return report

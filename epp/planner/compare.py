@@ -1,0 +1,180 @@
+"""`epp plan replay --compare`: one trace through every policy, on equal terms.
+
+Every policy sees the same arrivals, the same simulated servers, the same routing, the
+same start-up delay and the same SLA, and is judged by `outcome.summarize` on the same
+report intervals. What differs is only the scaling law:
+
+- `static-peak` and `static-mean` (`static.py`) hold the pool the replay sized for the
+  trace's busiest and its average intervals. The busiest-interval size is then
+  confirmed on the whole trace: if some interval still misses the SLA (a busy minute
+  right after another is heavier than the same minute replayed after one of warm-up),
+  one replica is added and the trace replayed again, at most `PEAK_BUMPS` times. So
+  static-peak is "the smallest pool the whole trace shows meets the SLA", the premise
+  of issue 8's comparison.
+- The planners (`load`, `dynamo`, `epp`, from `planner.build_policy`) start from the
+  static-mean pool, ready, as an operator would deploy before turning a planner on.
+
+Pure: the caller builds the policies (`factories`) and does the printing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from epp.planner.outcome import Sla, Summary, summarize
+from epp.planner.pool import PoolShape, Spares
+from epp.planner.replay import Arrival, Progress, Run, replay
+from epp.planner.static import (
+    Sizer,
+    Sizing,
+    StaticPolicy,
+    mean_segment,
+    peak_segments,
+)
+from epp.planner.types import Policy
+
+PEAK_BUMPS = 3
+ORDER = ("static-peak", "static-mean", "load", "dynamo", "epp")
+
+# name -> a policy to replay (built fresh: policies keep state between steps)
+PolicyFactory = Callable[[], Policy]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every policy of a comparison shares."""
+
+    shape: PoolShape
+    sla: Sla
+    sla_picked: bool  # True: chosen from the trace (`Sizer.default_sla`)
+    interval_s: float
+    peak: Sizing  # sized on the busiest intervals
+    mean: Sizing
+    budget_gpus: int | None = None  # the planners' GPU budget (None: unbounded)
+    median_isl: int = 1  # of the trace: what a profile of the server should target
+    median_osl: int = 1
+
+
+@dataclass(frozen=True)
+class Result:
+    summary: Summary
+    run: Run
+    initial: int  # replicas the run started with
+    note: str = ""
+
+
+def prepare(
+    arrivals: Sequence[Arrival],
+    shape: PoolShape,
+    interval_s: float,
+    sla: Sla | None = None,
+    *,
+    sizer: Sizer | None = None,
+) -> Setup:
+    """Size the static pools (and pick an SLA if none is given). Raises
+    `static.NoPoolMeetsSla` when no pool meets the SLA at the peak."""
+    sizer = sizer or Sizer(arrivals, shape)
+    picked = sla is None
+    if sla is None:
+        sla = sizer.default_sla(interval_s)
+    peak = sizer.smallest_for_all(sla, peak_segments(arrivals, interval_s))
+    mean = sizer.smallest_pool(sla, mean_segment(arrivals, interval_s))
+    isl = sorted(a.isl for a in arrivals)[len(arrivals) // 2]
+    osl = sorted(a.osl for a in arrivals)[len(arrivals) // 2]
+    return Setup(shape, sla, picked, interval_s, peak, mean, median_isl=isl, median_osl=osl)
+
+
+def run_policy(
+    arrivals: Sequence[Arrival],
+    policy: Policy,
+    setup: Setup,
+    initial: int,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+    note: str = "",
+) -> Result:
+    run = replay(
+        arrivals,
+        policy,
+        setup.shape,
+        initial=initial,
+        seed=seed,
+        spares=spares,
+        progress=progress,
+    )
+    summary = summarize(run, setup.sla, setup.interval_s, budget_gpus=setup.budget_gpus)
+    return Result(summary, run, initial, note)
+
+
+def static_peak(
+    arrivals: Sequence[Arrival],
+    setup: Setup,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """The busiest-interval size, confirmed (and if need be grown) on the whole trace."""
+    n = setup.peak.replicas
+    while True:
+        policy = StaticPolicy("static-peak", n, setup.interval_s)
+        res = run_policy(arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress)
+        grown = n - setup.peak.replicas
+        if res.summary.sla_intervals >= 1.0 or grown >= PEAK_BUMPS:
+            how = f"{setup.peak.replicas} from the busiest intervals"
+            if grown:
+                how += f", +{grown} for the whole trace"
+            if res.summary.sla_intervals < 1.0:
+                how += f" (still misses {1 - res.summary.sla_intervals:.1%} of intervals)"
+            return Result(res.summary, res.run, n, how)
+        n += 1
+
+
+def compare(
+    arrivals: Sequence[Arrival],
+    setup: Setup,
+    factories: Mapping[str, PolicyFactory],
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Callable[[str], Progress] | None = None,
+) -> list[Result]:
+    """static-peak, static-mean, then each factory's policy, in `ORDER`."""
+    spares = spares or Spares()
+
+    def hook(name: str) -> Progress | None:
+        return progress(name) if progress else None
+
+    out = [static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))]
+    n = setup.mean.replicas
+    mean = StaticPolicy("static-mean", n, setup.interval_s)
+    out.append(
+        run_policy(
+            arrivals,
+            mean,
+            setup,
+            n,
+            seed=seed,
+            spares=spares,
+            progress=hook("static-mean"),
+            note=f"{n} from an average interval",
+        )
+    )
+    for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        policy = factories[name]()
+        out.append(
+            run_policy(
+                arrivals,
+                policy,
+                setup,
+                n,
+                seed=seed,
+                spares=spares,
+                progress=hook(name),
+                note=f"starts at {n}",
+            )
+        )
+    return out

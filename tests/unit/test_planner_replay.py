@@ -1,0 +1,328 @@
+"""The replay: a trace through a policy and a pool of virtual-time simulated servers.
+
+Small traces on the `tiny` preset (steps of a few ms), scripted policies whose
+decisions are known in advance, and numbers worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from epp.cli import main
+from epp.planner import compare as cmp
+from epp.planner.outcome import Sla, summarize
+from epp.planner.pool import PoolShape, State
+from epp.planner.replay import Action, Run, replay
+from epp.planner.static import NoPoolMeetsSla, Sizer, StaticPolicy, nice_up, peak_segments
+from epp.planner.traces import Arrival
+from epp.planner.types import Decision, Observation, Role
+from epp.sim import presets
+
+TINY = presets.config_for("tiny")
+A = Role.AGGREGATED
+
+
+def shape(startup_s: float = 10.0) -> PoolShape:
+    return PoolShape(TINY, startup_s=startup_s)
+
+
+def poisson(n: int, rate: float, seed: int, *, start: float = 0.0, isl=(20, 200), osl=(2, 40)):
+    rng = random.Random(seed)
+    t, out = start, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(Arrival(t, rng.randint(*isl), rng.randint(*osl)))
+    return out
+
+
+@dataclass
+class Script:
+    """A policy that asks for `targets[k]` replicas at its k-th decision (the last one
+    after that), and remembers what it observed."""
+
+    targets: list[int]
+    interval_s: float = 10.0
+    sample_interval_s: float = 1.0
+    name: str = "script"
+
+    def __post_init__(self) -> None:
+        self.seen: list[Observation] = []
+
+    def step(self, now: float, obs: Observation) -> Decision:
+        self.seen.append(obs)
+        k = min(len(self.seen), len(self.targets)) - 1
+        return Decision(at=now, targets={A: self.targets[k]}, reason=f"step {k}")
+
+
+# -- the pool's lifecycle ------------------------------------------------------------------
+
+
+def test_a_new_replica_serves_only_after_its_start_up_delay_and_holds_gpus_from_the_decision():
+    # One replica, then 2 from the first decision at t=10 s; start-up 10 s, so the
+    # second serves from t=20 s. Requests every 0.5 s from t=0.25 to 39.75 s.
+    arrivals = [Arrival(0.25 + 0.5 * i, 50, 5) for i in range(80)]
+    run = replay(arrivals, Script([2]), shape(10.0), initial=1)
+    by = {s.rid: s.replica for s in run.served}
+    second = {rid for rid, name in by.items() if name == "aggregated-1"}
+    assert second, "the new replica never served"
+    assert min(arrivals[rid].t_s for rid in second) >= 20.0
+    assert run.actions == (Action(10.0, A, 1, 2, "step 0"),)
+    lt = {lt.name: lt for lt in run.lifetimes}["aggregated-1"]
+    assert (lt.started_at, lt.ready_at) == (10.0, 20.0)
+    assert lt.state_at(15.0) is State.STARTING and lt.state_at(25.0) is State.READY
+    # GPU-seconds: replica 0 from 0 to the end, replica 1 from 10 s (starting counts).
+    s = summarize(run, Sla(1000, 100), 10.0)
+    assert s.gpu_hours == pytest.approx((run.end + (run.end - 10.0)) / 3600)
+    assert s.lost == 0 and s.requests == 80
+
+
+def test_a_drained_replica_finishes_its_requests_then_frees_its_gpus():
+    # Two replicas, then one at t=10 s: one is drained. Long outputs (400 tokens of
+    # ~2.1 ms = ~0.8 s) keep requests in flight at the decision.
+    arrivals = [Arrival(0.1 * i, 30, 400) for i in range(1, 150)]
+    run = replay(arrivals, Script([1]), shape(), initial=2)
+    drained = [lt for lt in run.lifetimes if lt.drain_from == 10.0]
+    assert len(drained) == 1
+    name = drained[0].name
+    mine = [s for s in run.served if s.replica == name]
+    assert all(s.arrival < 10.0 for s in mine)  # no new request after the drain began
+    assert max(s.finish for s in mine) > 10.0  # it had work in flight, and finished it
+    assert drained[0].released_at == pytest.approx(max(s.finish for s in mine))
+    assert run.lost == 0 and len(run.served) == len(arrivals)
+
+
+def test_shrinking_cancels_a_starting_replica_before_draining_a_ready_one():
+    # 1 -> 3 at t=10 s (two start, ready at 110 s), then 2 at t=20 s: one of the
+    # starting ones is cancelled (the newest), no ready replica drains.
+    arrivals = poisson(100, 4.0, seed=1)
+    run = replay(arrivals, Script([3, 2]), shape(100.0), initial=1)
+    lts = {lt.name: lt for lt in run.lifetimes}
+    assert lts["aggregated-2"].released_at == 20.0  # cancelled at the second decision
+    assert lts["aggregated-2"].ready_at > 20.0  # never served
+    assert lts["aggregated-1"].released_at > 20.0
+    assert all(lt.drain_from == math.inf for lt in lts.values())
+
+
+def test_requests_wait_in_the_epp_while_no_replica_is_ready_and_none_is_lost():
+    # 1 -> 0 at t=10 s (drained), back to 1 at t=20 s, ready at 25 s (start-up 5 s).
+    # Requests arriving in [10, 25) wait; each one's TTFT includes its wait.
+    arrivals = [Arrival(0.5 + i, 40, 4) for i in range(40)]
+    run = replay(arrivals, Script([0, 1]), shape(5.0), initial=1)
+    assert run.lost == 0 and len(run.served) == 40
+    held = [s for s in run.served if 10.0 <= s.arrival < 25.0]
+    assert held
+    for s in held:
+        assert s.ttft_ms >= (25.0 - s.arrival) * 1000 - 1e-6
+    # While nothing was ready, the window saw the held requests as the pool's queue.
+    assert run.decisions[1].at == 20.0
+
+
+def test_a_policy_never_bringing_replicas_back_loses_the_held_requests_and_says_so():
+    arrivals = [Arrival(0.5 + i, 40, 4) for i in range(30)]
+    run = replay(arrivals, Script([0]), shape(), initial=1, max_tail_s=60.0)
+    assert run.lost == sum(1 for a in arrivals if a.t_s >= 10.0)  # 20 held at the end
+    s = summarize(run, Sla(1000, 100), 10.0)
+    assert s.lost == 20
+    assert s.sla_requests == pytest.approx(10 / 30)  # lost ones count as missing
+
+
+def test_the_window_sees_what_the_pool_did():
+    arrivals = poisson(200, 10.0, seed=2)
+    policy = Script([1])
+    run = replay(arrivals, policy, shape(), initial=1)
+    first = policy.seen[0]
+    assert (first.start, first.end) == (0.0, 10.0)
+    assert first.arrivals == sum(1 for a in arrivals if a.t_s < 10.0)
+    assert first.replicas[A].ready == 1
+    assert first.role(A).samples == 10  # one sample a second
+    total = sum(o.completions for o in policy.seen)
+    assert total <= len(run.served)
+
+
+def test_replay_is_deterministic_for_a_seed():
+    arrivals = poisson(300, 20.0, seed=3)
+    a = replay(arrivals, Script([3, 1, 2]), shape(), initial=2, seed=7)
+    b = replay(arrivals, Script([3, 1, 2]), shape(), initial=2, seed=7)
+    assert a.served == b.served
+    assert a.lifetimes == b.lifetimes and a.actions == b.actions
+
+
+def test_a_request_longer_than_the_model_is_rejected_by_the_server_not_lost():
+    arrivals = [Arrival(0.1, 1000, 100), Arrival(0.2, 50, 5)]  # tiny's context: 1024
+    run = replay(arrivals, StaticPolicy("s", 1, 10.0), shape(), initial=1)
+    assert run.rejected == (0,) and run.lost == 0
+    assert [s.rid for s in run.served] == [1]
+
+
+# -- the verdict ---------------------------------------------------------------------------
+
+
+def test_reversals_and_actions_on_a_scripted_run():
+    # Up at 10 s, down at 20 s (reversal), down at 700 s (same way), up at 1400 s
+    # (opposite, but 700 s after the last change: not within 10 minutes).
+    acts = (
+        Action(10.0, A, 1, 2, ""),
+        Action(20.0, A, 2, 1, ""),
+        Action(700.0, A, 1, 0, ""),
+        Action(1400.0, A, 0, 1, ""),
+    )
+    run = Run("x", (), (), 0, acts, (), (), 1500.0, 1400.0, 0)
+    s = summarize(run, Sla(100, 10), 60.0)
+    assert (s.actions, s.reversals) == (4, 1)
+
+
+def test_intervals_over_the_gpu_budget_count_starting_replicas():
+    # 1 replica, then 3 at t=10 s (two starting until 30 s): 3 GPUs held from 10 s on.
+    # Against a budget of 2, every 10 s interval from [10, 20) on is over it.
+    arrivals = [Arrival(0.5 + i, 40, 4) for i in range(40)]
+    run = replay(arrivals, Script([3]), shape(20.0), initial=1)
+    s = summarize(run, Sla(1000, 100), 10.0, budget_gpus=2)
+    assert s.peak_gpus == 3
+    assert s.over_budget == len(s.rows) - 1  # all but [0, 10)
+    assert summarize(run, Sla(1000, 100), 10.0, budget_gpus=3).over_budget == 0
+
+
+def test_interval_and_request_attainment_by_hand():
+    # Two replicas; SLA TTFT 1000 ms: with a 1-second wait injected by scale-to-zero,
+    # the requests held do not meet it.
+    arrivals = [Arrival(0.5 + i, 40, 4) for i in range(40)]
+    run = replay(arrivals, Script([0, 1]), shape(5.0), initial=1)
+    sla = Sla(1000.0, 100.0)
+    s = summarize(run, sla, 10.0)
+    missed = [x for x in run.served if not sla.met(x)]
+    # Held from 10 s until the replica is ready at 25 s: arrivals at 10.5..23.5 wait
+    # more than a second (14 of them); 24.5 waits 0.5 s and meets it.
+    assert len(missed) == 14
+    assert s.sla_requests == pytest.approx(26 / 40)
+    assert [r.within for r in s.rows] == [True, False, False, True]
+    assert s.sla_intervals == pytest.approx(2 / 4)
+    assert s.worst_window == pytest.approx(s.sla_requests)  # 5 min > the whole run
+
+
+# -- static sizing -------------------------------------------------------------------------
+
+
+def test_the_smallest_static_pool_meets_the_sla_and_one_fewer_does_not():
+    # tiny's decode step is 2 ms + 0.1 ms per sequence in the batch: an ITL SLA of
+    # 2.25 ms allows batches of about 2, so the busiest 5 s (~200 requests) need several.
+    arrivals = poisson(250, 40.0, seed=4)
+    sizer = Sizer(arrivals, shape())
+    sla = Sla(50.0, 2.25)
+    segs = peak_segments(arrivals, 5.0)
+    sized = sizer.smallest_for_all(sla, segs)
+    assert sized.replicas > 1
+    for seg in segs:
+        assert sla.within(*sizer.measure(seg, sized.replicas))
+    assert not all(sla.within(*sizer.measure(seg, sized.replicas - 1)) for seg in segs)
+
+
+def test_an_sla_no_pool_meets_is_an_error_naming_the_fix():
+    arrivals = poisson(50, 5.0, seed=5)
+    with pytest.raises(NoPoolMeetsSla, match="raise --ttft/--itl"):
+        Sizer(arrivals, shape()).smallest_pool(
+            Sla(0.5, 0.5), peak_segments(arrivals, 5.0)[0], max_replicas=4
+        )
+
+
+def test_round_numbers_for_a_picked_sla():
+    assert [nice_up(x) for x in (0.93, 1.0, 11.4, 187.0 * 2, 3.1)] == [1.0, 1.0, 12.0, 400.0, 4.0]
+
+
+def test_compare_runs_every_policy_on_the_same_setup():
+    arrivals = poisson(150, 30.0, seed=6)
+    setup = cmp.prepare(arrivals, shape(), 5.0, Sla(50.0, 2.5))
+    results = cmp.compare(arrivals, setup, {"load": lambda: Script([1, 2], interval_s=5.0)})
+    names = [r.summary.policy for r in results]
+    assert names == ["static-peak", "static-mean", "script"]
+    peak = results[0].summary
+    assert peak.sla_intervals == 1.0 or "still misses" in results[0].note
+    assert results[2].initial == setup.mean.replicas
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", "replay", "--quiet", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ("", (), "the trace is empty"),
+        ('{"timestamp": 0, "input_length": "x"}\n', (), "line 1"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n", (), "line 2"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--preset", "nope"),
+         "unknown preset 'nope'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
+         ("--preset", "tiny", "--ttft", "0.01", "--itl", "0.01"), "no pool of up to"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--time-limit", "soon"),
+         "--time-limit"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--rate-scale", "0"),
+         "--rate-scale must be a positive number"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, message):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(content)
+    code, _, err = run_cli(capsys, "--trace", str(trace), *args)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("epp plan replay: error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_trace_file_is_one_line_and_exit_2(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "--trace", str(tmp_path / "nope.csv"))
+    assert code == 2 and "cannot read the trace" in err and err.count("\n") == 1
+
+
+def test_compare_writes_the_json_the_issue_asks_for(tmp_path, capsys):
+    rng = random.Random(8)
+    lines, t = [], 0.0
+    for _ in range(120):
+        t += rng.expovariate(20.0)
+        lines.append(json.dumps({"timestamp": t * 1000, "input_length": rng.randint(20, 300),
+                                 "output_length": rng.randint(2, 30)}))  # fmt: skip
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    out_json = tmp_path / "out.json"
+    code, out, _ = run_cli(
+        capsys, "--trace", str(trace), "--preset", "tiny", "--interval", "5", "--compare",
+        "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(out_json.read_text())
+    names = [p["name"] for p in doc["policies"]]
+    assert names[:2] == ["static-peak", "static-mean"]
+    assert set(names) <= {"static-peak", "static-mean", "load", "dynamo", "epp"}
+    for p in doc["policies"]:
+        assert {"gpu_hours", "sla_intervals", "sla_requests", "actions"} <= set(p)
+        assert 0.0 <= p["sla_intervals"] <= 1.0 and 0.0 <= p["sla_requests"] <= 1.0
+    assert "static-peak" in out and "GPU-h" in out
+
+
+def test_bursty_writes_a_trace_the_replay_reads(tmp_path, capsys):
+    out = tmp_path / "b.jsonl"
+    assert main(["plan", "bursty", "-o", str(out), "--duration", "10m", "--rate", "2"]) == 0
+    from epp.planner.tracefile import load_trace
+
+    arrivals = load_trace(out)
+    assert arrivals and arrivals[-1].t_s < 600
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_a_policy_sizing_prefill_and_decode_is_refused_not_misread():
+    class PD(Script):
+        def step(self, now: float, obs: Observation) -> Decision:
+            return Decision(at=now, targets={Role.PREFILL: 1, Role.DECODE: 1}, reason="P/D")
+
+    with pytest.raises(ValueError, match="P/D is not modelled"):
+        replay([Arrival(0.5, 40, 4)] * 1 + [Arrival(15.0, 40, 4)], PD([1]), shape(), initial=1)

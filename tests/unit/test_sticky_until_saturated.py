@@ -1,0 +1,174 @@
+"""config/prefix-aware.yaml, "sticky until saturated": the affinity filter's live-load gate
+on hand-made endpoint sets, and the whole config spreading equal endpoints in a burst."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from epp.config.errors import ConfigError
+from epp.config.loader import load_config_file
+from epp.datastore import Datastore, Endpoint, EndpointSnapshot
+from epp.director import Director
+from epp.scheduling.params import parse_params
+from epp.scheduling.registry import PLUGIN_TYPES, Handle
+from epp.scheduling.types import CycleState
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
+from tests.helpers import completion, plugin, snap, with_metrics
+
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "prefix-aware.yaml"
+
+# 1,000 tok/s makes 1 token = 1 ms, so the arithmetic below reads in tokens.
+LIVE = {
+    "loadSignal": "live",
+    "peakPrefillThroughput": 1000,
+    "maxTTFTPenaltyMs": 5000,
+    "queuedRequestTokens": 500,
+}
+
+
+def live_filter():
+    return plugin("prefix-cache-affinity-filter", LIVE)
+
+
+def matched(total: int = 10, **blocks: int) -> CycleState:
+    """A cycle whose prefix producer found `blocks[name]` of `total` blocks on each endpoint."""
+    state = CycleState()
+    info = PrefixMatchInfo(
+        total_blocks=total, block_size_tokens=16, matched=dict(blocks), cached_blocks=blocks
+    )
+    state.write(PREFIX_MATCH_KEY, info)
+    return state
+
+
+def names(endpoints: list[EndpointSnapshot]) -> list[str]:
+    return [e.name for e in endpoints]
+
+
+def busy(name: str, prefill: int = 0, decode: int = 0, queue: int = 0) -> EndpointSnapshot:
+    s = snap(name, inflight_tokens=prefill + decode, inflight_prefill_tokens=prefill)
+    return with_metrics(s, waiting_queue_size=queue)
+
+
+def test_live_load_counts_prompt_decode_and_scraped_queue():
+    f = live_filter()
+    # 1,000 prompt + 3,000 expected output + 2 queued × 500 = 5,000 tokens = 5,000 ms.
+    assert f.load_tokens(busy("a", prefill=1000, decode=3000, queue=2)) == 5000
+    assert f.ttft_ms(busy("a", prefill=1000, decode=3000, queue=2)) == 5000.0
+    # llm-d's signal sees only the 1,000 prompt tokens.
+    prefill_only = plugin("prefix-cache-affinity-filter", {"peakPrefillThroughput": 1000})
+    assert prefill_only.load_tokens(busy("a", prefill=1000, decode=3000, queue=2)) == 1000
+
+
+def test_hit_below_threshold_is_not_sticky():
+    # 7 of 10 blocks = 0.7 < 0.8: nobody sticky, everyone kept for the scorers.
+    eps = [busy("a"), busy("b"), busy("c")]
+    assert names(live_filter().filter(matched(a=7), completion(), eps)) == ["a", "b", "c"]
+
+
+def test_hit_above_threshold_sticks_while_below_saturation():
+    f = live_filter()
+    # a holds 9/10, b 8/10 (= 0.8, sticky), c 2/10. a has 4,000 tokens of decode ahead of
+    # it, c none: 4,000 ms − 0 = 4,000 ≤ 5,000, so both cached endpoints stay.
+    eps = [busy("a", decode=4000), busy("b", decode=4500), busy("c")]
+    assert names(f.filter(matched(a=9, b=8, c=2), completion(), eps)) == ["a", "b"]
+
+
+def test_sticky_endpoint_past_saturation_opens_to_everyone():
+    f = live_filter()
+    # a alone is cached; 3,000 prompt + 2,500 output = 5,500 ms vs idle b: 5,500 > 5,000.
+    eps = [busy("a", prefill=3000, decode=2500), busy("b")]
+    assert names(f.filter(matched(a=10), completion(), eps)) == ["a", "b"]
+    # llm-d's prefill signal counts only the 3,000 prompt tokens: it would still stick.
+    old = plugin(
+        "prefix-cache-affinity-filter", {"peakPrefillThroughput": 1000, "maxTTFTPenaltyMs": 5000}
+    )
+    assert names(old.filter(matched(a=10), completion(), eps)) == ["a"]
+
+
+def test_scraped_queue_alone_can_saturate():
+    f = live_filter()
+    # Nothing in flight from this EPP, but a's server reports 11 waiting: 11 × 500 = 5,500.
+    eps = [busy("a", queue=11), busy("b")]
+    assert names(f.filter(matched(a=10), completion(), eps)) == ["a", "b"]
+    eps = [busy("a", queue=10), busy("b")]  # 5,000: not more than the penalty
+    assert names(f.filter(matched(a=10), completion(), eps)) == ["a"]
+
+
+def test_all_saturated_stays_sticky():
+    f = live_filter()
+    # Every endpoint equally loaded (20,000 tokens): no better place, keep the cached one.
+    eps = [busy("a", decode=20_000), busy("b", decode=20_000), busy("c", decode=20_000)]
+    assert names(f.filter(matched(a=10), completion(), eps)) == ["a"]
+    # All cached and all saturated: nothing to compare against, all kept.
+    assert names(f.filter(matched(a=10, b=10, c=10), completion(), eps)) == ["a", "b", "c"]
+
+
+def test_none_cached_keeps_everyone():
+    eps = [busy("a", decode=9000), busy("b")]
+    assert names(live_filter().filter(matched(), completion(), eps)) == ["a", "b"]
+    assert names(live_filter().filter(CycleState(), completion(), eps)) == ["a", "b"]
+
+
+def test_queued_request_tokens_needs_the_live_signal():
+    spec = PLUGIN_TYPES.lookup("prefix-cache-affinity-filter")
+    with pytest.raises(ConfigError, match="queuedRequestTokens is read only with loadSignal"):
+        parse_params(spec.params, {"queuedRequestTokens": 2048})
+    with pytest.raises(ConfigError, match="loadSignal"):
+        parse_params(spec.params, {"loadSignal": "kv"})
+
+
+# ---- the shipped config --------------------------------------------------------------
+
+
+def director(n: int, seed: int) -> tuple[Datastore, Director]:
+    cfg = load_config_file(CONFIG, Handle(rng=random.Random(seed)))
+    ds = Datastore(require_metrics=False)
+    ds.set_endpoints([Endpoint(f"s{i}", f"10.0.0.{i + 1}", 8000) for i in range(n)])
+    return ds, Director(ds, cfg.scheduler, cfg.pre_request)
+
+
+def test_shipped_config_is_the_filter_then_token_load_then_prefix():
+    cfg = load_config_file(CONFIG)
+    (profile,) = cfg.scheduler.profiles.values()
+    assert [f.type_name for f in profile.filters] == ["prefix-cache-affinity-filter"]
+    assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
+        ("token-load-scorer", 1.0),
+        ("prefix-scorer", 0.0001),
+    ]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_burst_with_one_prefix_spreads_evenly(seed: int):
+    ds, d = director(4, seed)
+    prompt = "shared system prompt " * 400 + "question"  # ~2,000 tokens (characters / 4)
+    # 200 requests, none finishing: each holds its prompt + 16 output tokens. The first
+    # makes its server sticky; the gate (250 ms at 15,928 tok/s = 3,982 tokens) opens after
+    # 2 requests there (2 × 2,018 = 4,036 > 3,982); every server that takes one becomes
+    # sticky too, and token-load then fills the least loaded: 50 each, ±1 for the random
+    # order in which exact ties fall.
+    picks = Counter(
+        d.route(completion(prompt, max_tokens=16), None).destinations[0] for _ in range(200)
+    )
+    assert len(picks) == 4 and max(picks.values()) - min(picks.values()) <= 2, picks
+    assert (
+        ds.inflight("s0")[0] + ds.inflight("s1")[0] + ds.inflight("s2")[0] + ds.inflight("s3")[0]
+        == 200
+    )
+
+
+def test_exact_ties_do_not_fall_to_the_same_endpoint():
+    # Four idle, uncached endpoints, each request released before the next: every pick is an
+    # exact tie (load 0, no prefix), so only the picker's random draw decides. Unique prompts
+    # so no prefix forms. 400 picks: 100 expected per endpoint, σ ≈ 8.7; a fixed tie-break
+    # would give 400 to one.
+    _, d = director(4, seed=3)
+    picks: Counter[str] = Counter()
+    for i in range(400):
+        decision = d.route(completion(f"{i} unique {i * 7919}", max_tokens=4), None)
+        picks[decision.destinations[0]] += 1
+        d.release(decision)
+    assert len(picks) == 4 and min(picks.values()) >= 60, picks
