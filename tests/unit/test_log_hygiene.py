@@ -6,6 +6,7 @@ every logger at DEBUG; neither the secret nor the prompt appears in any line."""
 import json
 import logging
 
+from epp.extproc.refusals import RefusalLog
 from epp.extproc.stream import RequestStream
 from epp.headers import PREFILLER_HOST_PORT
 from epp.limits import BodyLimits
@@ -40,12 +41,14 @@ def test_the_epp_logs_neither_credentials_nor_prompts(caplog):
     caplog.set_level(logging.DEBUG)
     director, _ = make_director(models=["m"])
     limits = BodyLimits(max_json_depth=4, max_prompt_tokens=5000)
+    # Its own refusal log: the process-wide one is rate-limited across tests.
+    refusals = RefusalLog(logging.getLogger("epp.extproc"))
     for body in bodies():
-        s = RequestStream(director, 1 << 20, body_limits=limits)
+        s = RequestStream(director, 1 << 20, refusals=refusals, body_limits=limits)
         s.handle(headers_msg(HEADERS))
         s.handle(body_msg(body, True))
         s.close()
-    s = RequestStream(director, 100)  # 413
+    s = RequestStream(director, 100, refusals=refusals)  # 413
     s.handle(headers_msg(HEADERS))
     s.handle(body_msg(bodies()[0], True))
     text = logged(caplog)
