@@ -15,8 +15,10 @@ _ERROR_TYPES = {
     400: "invalid_request_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "internal_error",
     503: "service_unavailable",
 }
@@ -54,6 +56,10 @@ def not_found(message: str) -> EppError:
 
 def too_large(message: str) -> EppError:
     return EppError(413, message, "request_too_large")
+
+
+def timed_out(message: str) -> EppError:
+    return EppError(408, message, "request_timeout")
 
 
 def unavailable(message: str) -> EppError:

@@ -10,6 +10,7 @@ naming the field.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,18 @@ from typing import Any
 
 from epp.errors import bad_request
 from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
+from epp.limits import BodyLimits, prompt_too_long
+
+DEFAULT_BODY_LIMITS = BodyLimits()
+
+# A client's x-request-id is kept only if it is 1..128 printable ASCII characters without
+# spaces (UUIDs, W3C trace ids, Envoy's own); anything else is replaced by a fresh UUID,
+# so a tab, a newline or a megabyte never reaches the logs or the model server.
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID_OK = re.compile(rf"[!-~]{{1,{MAX_REQUEST_ID_CHARS}}}")
+# A JSON \u escape of a UTF-16 surrogate: json.loads accepts a lone one, which then
+# breaks every UTF-8 encode downstream (prefix hashing, the forwarded body).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 # Upstream's estimate when no tokenizer is configured (GIE approximateprefix, llm-d deciders).
 CHARS_PER_TOKEN = 4
@@ -95,16 +108,25 @@ class InferenceRequest:
 def new_request(headers: Mapping[str, str], path: str, method: str) -> InferenceRequest:
     """A request from its headers alone; the body, if any, is added by `parse_body`."""
     return InferenceRequest(
-        request_id=headers.get(REQUEST_ID) or str(uuid.uuid4()),
+        request_id=valid_request_id(headers.get(REQUEST_ID)) or str(uuid.uuid4()),
         path=path,
         method=method,
         headers=headers,
-        objective=headers.get(OBJECTIVE) or None,
-        fairness_id=headers.get(FAIRNESS_ID) or None,
+        objective=valid_request_id(headers.get(OBJECTIVE)),
+        fairness_id=valid_request_id(headers.get(FAIRNESS_ID)),
     )
 
 
-def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
+def valid_request_id(value: str | None) -> str | None:
+    """`value` if it is an acceptable request id (see _REQUEST_ID_OK), else None. The
+    objective and fairness-id headers (client-chosen by design, as in GIE) are held to
+    the same rule: a value that is not a short printable token is ignored."""
+    return value if value and _REQUEST_ID_OK.fullmatch(value) else None
+
+
+def parse_body(
+    req: InferenceRequest, raw: bytes, limits: BodyLimits = DEFAULT_BODY_LIMITS
+) -> InferenceRequest:
     """Fill `req` from the raw body; raises EppError(400) on anything unusable."""
     if not raw or not raw.strip():
         raise bad_request("request body is empty; expected a JSON object")
@@ -112,12 +134,7 @@ def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise bad_request(f"request body is not valid UTF-8 (byte {e.start})") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise bad_request(
-            f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
+    body = _loads(text, limits.max_json_depth)
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, got a JSON {_json_kind(body)}")
 
@@ -138,8 +155,61 @@ def parse_body(req: InferenceRequest, raw: bytes) -> InferenceRequest:
     if req.api == API_COMPLETIONS:
         req.prompt_token_ids, req.prompt_token_count = _token_id_prompt(body)
     if req.prompt_token_ids is None:
+        messages = body.get("messages")
+        if isinstance(messages, list) and len(messages) > limits.max_messages:
+            raise bad_request(
+                f"field 'messages' has {len(messages)} messages, over the limit of "
+                f"{limits.max_messages} (set by epp serve --max-messages)"
+            )
         req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
+    if req.prompt_tokens_estimate > limits.max_prompt_tokens:
+        raise prompt_too_long(req.prompt_tokens_estimate, limits.max_prompt_tokens)
     return req
+
+
+def _loads(text: str, max_depth: int) -> Any:
+    """json.loads with every way it can fail turned into a 400 naming the problem."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad_request(
+            f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except RecursionError:
+        raise bad_request(
+            f"request body nests deeper than {max_depth} levels (set by epp serve --max-json-depth)"
+        ) from None
+    except ValueError as e:  # int() of more than sys.get_int_max_str_digits() digits
+        raise bad_request(f"request body has a number the parser refuses: {e}"[:300]) from None
+    # Depth can exceed the limit only if there are more brackets than the limit: one
+    # count of each bracket byte (C speed) spares almost every request the walk.
+    if text.count("[") + text.count("{") > max_depth and _depth_over(body, max_depth):
+        raise bad_request(
+            f"request body nests deeper than {max_depth} levels (set by epp serve --max-json-depth)"
+        )
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad_request(
+                "request body has a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without "
+                "its pair): it is not valid Unicode text"
+            ) from None
+    return body
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """True if `value` nests more than `limit` arrays/objects deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(v, dict):
+            stack.extend((c, depth + 1) for c in v.values() if isinstance(c, dict | list))
+        elif isinstance(v, list):
+            stack.extend((c, depth + 1) for c in v if isinstance(c, dict | list))
+    return False
 
 
 def _json_kind(value: object) -> str:

@@ -40,10 +40,18 @@ from epp.datalayer.k8s_discovery import (
     load_api_client,
 )
 from epp.datalayer.k8s_pods import PoolSpecError
+from epp.datalayer.loopclock import LoopClock
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import ColdStart, Director
-from epp.extproc.server import DEFAULT_MAX_BODY_BYTES, start_grpc_servers
+from epp.extproc.server import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BUFFERED_BYTES,
+    StreamLimits,
+    start_grpc_servers,
+)
+from epp.limits import BodyLimits, HeaderLimits
 from epp.observability import REGISTRY, register_pool
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
 from epp.planner.loop import (
@@ -66,7 +74,9 @@ class ServeOptions:
     grpc_port: int = 9002
     health_port: int = 9003
     metrics_port: int = 9090
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    limits: StreamLimits = field(default_factory=StreamLimits)
+    # On SIGTERM: health NOT_SERVING, new streams refused, open ones get this long.
+    drain_timeout: float = 30.0
     refresh_metrics_interval: float = 0.05
     # > refresh_metrics_interval: adaptive scraping up to this (epp/datalayer/scraper.py).
     refresh_metrics_max_interval: float = 0.0
@@ -105,8 +115,12 @@ class EppServer:
         self.options = options
         rng = random.Random(seed)
         self.config = config or load_default_config(Handle(rng=rng), install_plugins())
+        # Staleness is judged in time the loop was able to run (epp/datalayer/loopclock.py).
+        self.clock = LoopClock()
         self.datastore = Datastore(
-            staleness=options.metrics_staleness_threshold, require_metrics=options.scrape
+            staleness=options.metrics_staleness_threshold,
+            clock=self.clock.now,
+            require_metrics=options.scrape,
         )
         self.datastore.set_endpoints(options.endpoints)
         handle = self.config.handle
@@ -135,9 +149,11 @@ class EppServer:
         self.servicer = None
         self._planner_ticks = planner_ticks
         self.planner: PlannerThread | None = None
+        self.health = None
 
     async def start(self) -> None:
         o = self.options
+        self.clock.start()
         register_pool(o.pool_name, self.datastore.snapshot)
         if o.scrape:
             self.scraper = MetricsScraper(self.datastore, self._scrape_config())
@@ -160,11 +176,12 @@ class EppServer:
             o.host,
             o.grpc_port,
             o.health_port,
-            o.max_body_bytes,
-            self.observer,
+            observer=self.observer,
+            limits=o.limits,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
+        self.health = health
         self.grpc_port, self.health_port = gport, hport
         self.datastore.on_change(lambda: asyncio.ensure_future(health.refresh()))
         self._runner, self.metrics_port = await _start_metrics_http(self, o.host, o.metrics_port)
@@ -214,6 +231,21 @@ class EppServer:
             **extra,  # type: ignore[arg-type]
         )
 
+    async def drain(self) -> bool:
+        """Health NOT_SERVING (Envoy stops sending), then refuse new streams and wait up
+        to `drain_timeout` for open ones; True if they all ended in time."""
+        if self.health is None or self.servicer is None:
+            return True
+        await self.health.drain()
+        done = await self.servicer.drain(self.options.drain_timeout)
+        if not done:
+            log.warning(
+                "drain: %d streams still open after %gs; closing them",
+                self.servicer.open_streams,
+                self.options.drain_timeout,
+            )
+        return done
+
     async def stop(self) -> None:
         if self.planner is not None:
             await stop_live_planner(self.planner)
@@ -239,6 +271,7 @@ class EppServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.clock.stop()
 
     async def __aenter__(self) -> EppServer:
         await self.start()
@@ -317,6 +350,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"request bodies above this get 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     p.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=DEFAULT_MAX_BUFFERED_BYTES,
+        help="request-body bytes held across all open streams; a chunk beyond gets 503 "
+        f"(default {DEFAULT_MAX_BUFFERED_BYTES})",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="SECONDS",
+        help=f"a request whose body has not ended this long after the stream opened "
+        f"gets 408 ({DEFAULT_BODY_TIMEOUT:g})",
+    )
+    defaults, headers = BodyLimits(), HeaderLimits()
+    p.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=defaults.max_json_depth,
+        help=f"bodies nesting deeper get 400 ({defaults.max_json_depth})",
+    )
+    p.add_argument(
+        "--max-messages",
+        type=int,
+        default=defaults.max_messages,
+        help=f"chat requests with more messages get 400 ({defaults.max_messages})",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=defaults.max_prompt_tokens,
+        help=f"prompts estimated longer get 400 ({defaults.max_prompt_tokens})",
+    )
+    p.add_argument(
+        "--max-request-headers",
+        type=int,
+        default=headers.max_count,
+        help="the gateway's max_request_headers_count: requests whose headers plus the EPP's "
+        f"would exceed it get 431 ({headers.max_count})",
+    )
+    p.add_argument(
+        "--max-request-headers-kb",
+        type=int,
+        default=headers.max_kb,
+        help=f"the gateway's max_request_headers_kb, likewise ({headers.max_kb})",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long open requests may take to finish (30)",
+    )
+    p.add_argument(
         "--refresh-metrics-interval",
         type=float,
         default=0.05,
@@ -385,9 +472,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         if args.config
         else load_default_config(handle, registry)
     )
-    for name in ("refresh_metrics_interval", "metrics_staleness_threshold", "scrape_timeout"):
-        if getattr(args, name) <= 0:
-            raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
+    limits = _limits_from_args(args)
     hi = args.refresh_metrics_max_interval
     if hi and not args.refresh_metrics_interval <= hi < args.metrics_staleness_threshold:
         raise ConfigError(
@@ -396,8 +481,6 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
             f"({args.refresh_metrics_interval:g}) and below --metrics-staleness-threshold "
             f"({args.metrics_staleness_threshold:g}), got {hi:g}",
         )
-    if args.max_body_bytes <= 0:
-        raise ConfigError("", "--max-body-bytes must be > 0")
     kube = k8s_cli.source_from_args(args)
     if kube is not None:
         load_api_client(kube.kubeconfig).close()  # bad credentials: exit 2 before serving
@@ -415,7 +498,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         grpc_port=args.grpc_port,
         health_port=args.health_port,
         metrics_port=args.metrics_port,
-        max_body_bytes=args.max_body_bytes,
+        limits=limits,
+        drain_timeout=args.drain_timeout,
         refresh_metrics_interval=args.refresh_metrics_interval,
         refresh_metrics_max_interval=hi,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
@@ -458,6 +542,36 @@ def load_planner(path: str) -> tuple[PlannerConfig, Profile | None]:
         ) from None
 
 
+def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
+    """The limit flags, each checked; raises ConfigError naming the flag."""
+    positive = (
+        "refresh_metrics_interval",
+        "metrics_staleness_threshold",
+        "scrape_timeout",
+        "max_body_bytes",
+        "max_buffered_bytes",
+        "body_timeout",
+        "max_json_depth",
+        "max_messages",
+        "max_prompt_tokens",
+        "max_request_headers_kb",
+        "drain_timeout",
+    )
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
+    try:
+        return StreamLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_buffered_bytes=args.max_buffered_bytes,
+            body_timeout=args.body_timeout,
+            body=BodyLimits(args.max_json_depth, args.max_messages, args.max_prompt_tokens),
+            headers=HeaderLimits(args.max_request_headers, args.max_request_headers_kb),
+        )
+    except ValueError as e:
+        raise ConfigError("", f"--max-request-headers: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -491,10 +605,21 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
-    stop = asyncio.Event()
+    signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    await signals.get()
+    log.info(
+        "draining: health NOT_SERVING, new streams refused, %d open get up to %gs "
+        "(a second signal stops at once)",
+        server.servicer.open_streams if server.servicer else 0,
+        opts.drain_timeout,
+    )
+    drain = asyncio.ensure_future(server.drain())
+    second = asyncio.ensure_future(signals.get())
+    await asyncio.wait([drain, second], return_when=asyncio.FIRST_COMPLETED)
+    drain.cancel()
+    second.cancel()
     log.info("shutting down")
     await server.stop()

@@ -82,6 +82,10 @@ class ScrapeConfig:
     insecure_skip_verify: bool = True
     models_interval: float = 5.0
     models_path: str = "/v1/models"
+    # A /metrics page larger than this is a failed scrape, read no further: a broken or
+    # hostile server must not make the EPP buffer and parse gigabytes on its loop. vLLM's
+    # page is ~20-60 KB (more with per-LoRA series); 16 MiB leaves 300x headroom.
+    max_page_bytes: int = 16 * 1024 * 1024
     default_engine: str = DEFAULT_ENGINE
     engine_label_keys: tuple[str, ...] = ENGINE_LABEL_KEYS
     engines: Mapping[str, EngineMap] = field(default_factory=lambda: dict(ENGINES))
@@ -102,6 +106,8 @@ class ScrapeConfig:
             )
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.max_page_bytes < 1:
+            raise ValueError(f"max_page_bytes must be >= 1, got {self.max_page_bytes!r}")
         if self.models_interval < 0:
             raise ValueError(f"models_interval must be >= 0, got {self.models_interval!r}")
         get_engine(self.default_engine, self.engines)  # unknown default: fail at start-up
@@ -123,6 +129,11 @@ class ScrapeConfig:
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in fields(ScrapeConfig))
+
+# A scrape that timed out although the datastore's clock (a LoopClock in `epp serve`)
+# says it had less than `timeout` of loop time: the EPP was stalled, not the endpoint.
+# Such an attempt neither marks the endpoint failed nor updates it (issue 13 §1d).
+INCONCLUSIVE = "inconclusive: the EPP's own event loop stalled during the scrape"
 
 
 def next_interval(current: float, changed: bool, lo: float, hi: float) -> float:
@@ -160,6 +171,18 @@ def _reason(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, aiohttp.ClientError | OSError):
         return f"{type(exc).__name__}: {exc}"[:200]
     return f"internal error: {type(exc).__name__}: {exc}"[:200]
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it passes `limit` bytes (the rest unread)."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in content.iter_chunked(64 * 1024):
+        total += len(chunk)
+        if total > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class MetricsScraper:
@@ -315,7 +338,8 @@ class MetricsScraper:
         next_at = clock()
         while True:
             error = await self.scrape_once(ep, emap, url)
-            self._record(ep, error)
+            if error != INCONCLUSIVE:
+                self._record(ep, error)
             new_state = load_state(self.datastore.metrics(ep.name))
             interval = next_interval(interval, error is not None or new_state != state, lo, hi)
             state = new_state
@@ -338,6 +362,7 @@ class MetricsScraper:
         session = self._session
         if session is None:
             return "scraper not started"
+        started = self.datastore.clock()
         try:
             async with session.get(
                 url or self._url(ep, self.config.path),
@@ -347,7 +372,12 @@ class MetricsScraper:
             ) as resp:
                 if resp.status != 200:
                     return f"HTTP {resp.status}"
-                body = await resp.read()
+                limit = self.config.max_page_bytes
+                if (resp.content_length or 0) > limit:
+                    return f"metrics page of {resp.content_length} bytes exceeds {limit}"
+                body = await _read_bounded(resp.content, limit)
+                if body is None:
+                    return f"metrics page exceeds {limit} bytes"
             samples = promtext.parse(body, emap.families)
             metrics = extract(
                 emap, samples, self.datastore.clock(), previous=self.datastore.metrics(ep.name)
@@ -356,6 +386,10 @@ class MetricsScraper:
             raise
         except MetricsExtractError as e:
             return str(e)
+        except TimeoutError as e:
+            if self.datastore.clock() - started < self.config.timeout:
+                return INCONCLUSIVE
+            return _reason(e, self.config.timeout)
         except Exception as e:  # any failure is a failed scrape, never a dead task
             if not isinstance(e, aiohttp.ClientError | OSError | TimeoutError):
                 log.debug("unexpected scrape error for %s", ep.name, exc_info=True)

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from epp.errors import EppError
+from epp.logsafe import MAX_FIELD_CHARS
+from epp.logsafe import clip as _clip
 
-MAX_FIELD_CHARS = 300
+__all__ = ["MAX_FIELD_CHARS", "RefusalLog"]
 
 
 @dataclass
@@ -69,11 +71,3 @@ class RefusalLog:
             exc_info=(type(cause), cause, cause.__traceback__) if cause is not None else None,
         )
         return True
-
-
-def _clip(text: str) -> str:
-    """At most MAX_FIELD_CHARS, with control characters escaped (a tab prints as \\t)."""
-    clipped = text[:MAX_FIELD_CHARS] + ("…" if len(text) > MAX_FIELD_CHARS else "")
-    return (
-        clipped.encode("unicode_escape").decode("ascii") if not clipped.isprintable() else clipped
-    )

@@ -3,12 +3,17 @@
 One `RequestStream` per `Process` call; whatever way the stream ends (end of response,
 Envoy closing it, cancellation) its `close()` runs and in-flight counts are given back
 (exactly once: the end of the response usually gave them back already).
+The servicer owns what spans streams: the server-wide body budget, the body deadline
+(a request not complete within `body_timeout` gets 408), and draining (on SIGTERM new
+streams are refused while open ones finish).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -19,24 +24,51 @@ from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
 from epp.extproc.stream import Phase, RequestStream
+from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 
 log = logging.getLogger("epp.extproc")
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BUFFERED_BYTES = 256 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT = 30.0
+
+_UNROUTED = (Phase.AWAIT_HEADERS, Phase.GATHER_BODY)
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """Everything that bounds one stream and all of them together (epp/limits.py)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    body: BodyLimits = field(default_factory=BodyLimits)
+    headers: HeaderLimits = field(default_factory=HeaderLimits)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not self.body_timeout > 0:
+            raise ValueError(f"body_timeout must be > 0 seconds, got {self.body_timeout}")
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
     def __init__(
         self,
         director: Director,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        limits: StreamLimits | None = None,
         observer: ResponseObserver | None = None,
     ) -> None:
         self.director = director
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits or StreamLimits()
+        self.max_body_bytes = self.limits.max_body_bytes
         self.observer = observer
+        self.budget = BodyBudget(self.limits.max_buffered_bytes)
         self.open_streams = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._warned_no_response = False
 
     async def Process(
@@ -44,16 +76,53 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         request_iterator: AsyncIterator[pb.ProcessingRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
-        stream = RequestStream(self.director, self.max_body_bytes, self.observer)
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the endpoint picker is draining")
+        lim = self.limits
+        stream = RequestStream(
+            self.director,
+            lim.max_body_bytes,
+            self.observer,
+            body_limits=lim.body,
+            header_limits=lim.headers,
+            budget=self.budget,
+        )
         self.open_streams += 1
+        self._idle.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + lim.body_timeout
+        messages = aiter(request_iterator)
         try:
-            async for msg in request_iterator:
+            while True:
+                try:
+                    if stream.phase in _UNROUTED:
+                        async with asyncio.timeout_at(deadline):
+                            msg = await anext(messages)
+                    else:
+                        msg = await anext(messages)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    for resp in stream.body_timed_out(lim.body_timeout):
+                        yield resp
+                    break
                 for resp in await stream.handle_async(msg):
                     yield resp
             self._check_response_phases(stream)
         finally:
             self.open_streams -= 1
+            if not self.open_streams:
+                self._idle.set()
             stream.close()
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new streams; wait up to `grace` seconds for open ones. True if all ended."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except TimeoutError:
+            return False
+        return True
 
     def _check_response_phases(self, stream: RequestStream) -> None:
         """Envoy closed a routed stream without sending its response: its config skips
@@ -71,20 +140,27 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
 
 
 class HealthReporter:
-    """SERVING for the ext_proc service (and "") once the pool has endpoints."""
+    """SERVING for the ext_proc service (and "") once the pool has endpoints, until
+    `drain()` (then NOT_SERVING for good, so Envoy stops sending new streams)."""
 
     def __init__(self, datastore: Datastore) -> None:
         self.servicer = health.aio.HealthServicer()
         self.datastore = datastore
+        self.draining = False
 
     async def refresh(self) -> None:
+        serving = len(self.datastore) and not self.draining
         status = (
             health_pb2.HealthCheckResponse.SERVING
-            if len(self.datastore)
+            if serving
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for service in ("", EXT_PROC_SERVICE):
             await self.servicer.set(service, status)
+
+    async def drain(self) -> None:
+        self.draining = True
+        await self.refresh()
 
 
 async def start_grpc_servers(
@@ -93,19 +169,24 @@ async def start_grpc_servers(
     host: str,
     grpc_port: int,
     health_port: int,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     observer: ResponseObserver | None = None,
+    limits: StreamLimits | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, ExtProcServicer, HealthReporter, int, int]:
     """Start the ext_proc server (also answering health) and the separate health server.
 
     Returns the servers, the servicer, the health reporter and the bound ports (port 0
-    picks a free one).
+    picks a free one). Give `limits`, or only `max_body_bytes` (the rest default).
     """
+    if limits is not None and max_body_bytes is not None:
+        raise ValueError("give max_body_bytes inside limits, not both")
+    if limits is None:
+        limits = StreamLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     health_reporter = HealthReporter(datastore)
-    servicer = ExtProcServicer(director, max_body_bytes, observer)
+    servicer = ExtProcServicer(director, limits, observer)
     options = [
-        ("grpc.max_receive_message_length", max_body_bytes + 1024 * 1024),
-        ("grpc.max_send_message_length", max_body_bytes + 1024 * 1024),
+        ("grpc.max_receive_message_length", limits.max_body_bytes + 1024 * 1024),
+        ("grpc.max_send_message_length", limits.max_body_bytes + 1024 * 1024),
         ("grpc.so_reuseport", 0),
     ]
     main = grpc.aio.server(options=options)

@@ -41,11 +41,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.completion import ResponseObserver, build_record
 from epp.director import Director, RoutingDecision
-from epp.errors import EppError, internal_error, too_large
+from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
 from epp.extproc.refusals import RefusalLog
-from epp.headers import DESTINATION_ENDPOINT, REQUEST_ID
-from epp.request import InferenceRequest, new_request, parse_body
+from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID
+from epp.limits import BodyBudget, BodyLimits, HeaderLimits
+from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
 
 log = logging.getLogger("epp.extproc")
@@ -86,12 +87,21 @@ class RequestStream:
         observer: ResponseObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
         refusals: RefusalLog = REFUSALS,
+        *,
+        body_limits: BodyLimits = DEFAULT_BODY_LIMITS,
+        header_limits: HeaderLimits | None = None,
+        budget: BodyBudget | None = None,
     ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
         self.observer = observer
         self.clock = clock
         self.refusals = refusals
+        self.body_limits = body_limits
+        self.header_limits = header_limits or HeaderLimits()
+        # Bytes of this stream's body reserved in the server-wide budget (epp/limits.py).
+        self.budget = budget
+        self._budgeted = 0
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = _MODES.NONE
@@ -152,7 +162,7 @@ class RequestStream:
             assert self.request is not None
             try:
                 outcome: tuple[InferenceRequest, bytes | None] | Exception
-                outcome = await asyncio.to_thread(_parse, self.request, raw)
+                outcome = await asyncio.to_thread(_parse, self.request, raw, self.body_limits)
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
             self._preparsed = (raw, outcome)
@@ -185,8 +195,21 @@ class RequestStream:
             return None
         return b"".join(parts)
 
+    def body_timed_out(self, seconds: float) -> list[pb.ProcessingResponse]:
+        """The client did not finish its body within `seconds`: a 408, and its bytes freed.
+        Nothing if the body already ended (the stream is routed or refused)."""
+        if self.phase is not Phase.GATHER_BODY and self.phase is not Phase.AWAIT_HEADERS:
+            return []
+        return self._reject(
+            timed_out(
+                f"request not complete within {seconds:g}s of the stream's start "
+                "(set by epp serve --body-timeout)"
+            )
+        )
+
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
+        self._drop_body()
         if self.decision is not None and self.phase is not Phase.DONE:
             self._end_response(complete=False)
 
@@ -247,14 +270,22 @@ class RequestStream:
         log.exception("measuring the response of request %s failed; passing it through", rid)
         self.meter = None
 
+    def _drop_body(self) -> None:
+        self._chunks = []
+        if self.budget is not None and self._budgeted:
+            self.budget.give_back(self._budgeted)
+        self._budgeted = 0
+
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.AWAIT_HEADERS:
             raise EppError(400, "request headers received twice on one stream")
         headers = m.header_map(msg.request_headers)
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
-        self._generated_id = REQUEST_ID not in headers or not headers[REQUEST_ID]
-        self.request = req
+        # Set on the upstream request when missing or replaced (invalid: see request.py).
+        self._generated_id = req.request_id != headers.get(REQUEST_ID)
+        self.request = req  # before the header check, so a 431 is logged with its id
+        self._check_header_limits(msg.request_headers, headers)
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
@@ -273,6 +304,21 @@ class RequestStream:
         # Envoy waits for this answer before it sends the body.
         return [m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))]
 
+    def _check_header_limits(self, raw: pb.HttpHeaders, headers: dict[str, str]) -> None:
+        """431 if the EPP's own headers would push the request over Envoy's limits: the
+        destination and x-prefiller-host-port (unless the client sent them: they are
+        overwritten), x-request-id when it is generated, content-length when absent."""
+        pairs = raw.headers.headers
+        regular = sum(1 for h in pairs if not h.key.startswith(":"))
+        size = sum(len(h.key) + len(h.raw_value or h.value) for h in pairs)
+        added = (
+            (DESTINATION_ENDPOINT not in headers)
+            + (PREFILLER_HOST_PORT not in headers)
+            + (self._generated_id and REQUEST_ID not in headers)
+            + ("content-length" not in headers and not raw.end_of_stream)
+        )
+        self.header_limits.check(regular, size, added)
+
     def _on_request_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.GATHER_BODY:
             raise EppError(400, "request body received before headers or after routing")
@@ -282,6 +328,9 @@ class RequestStream:
                 f"request body exceeds the limit of {self.max_body_bytes} bytes "
                 "(set by epp serve --max-body-bytes)"
             )
+        if self.budget is not None:
+            self.budget.take(len(body.body))
+            self._budgeted += len(body.body)
         self._chunks.append(body.body)
         if not body.end_of_stream:
             return []
@@ -299,11 +348,11 @@ class RequestStream:
         preparsed, self._preparsed = self._preparsed, None
         if preparsed is None:
             raw = b"".join(self._chunks)
-            self._chunks = []
-            req, new_body = _parse(self.request, raw)
+            self._drop_body()
+            req, new_body = _parse(self.request, raw, self.body_limits)
         else:
             raw, outcome = preparsed
-            self._chunks = []
+            self._drop_body()
             if isinstance(outcome, Exception):
                 raise outcome
             req, new_body = outcome
@@ -353,12 +402,14 @@ class RequestStream:
 
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
         self.phase = Phase.REJECTED
-        self._chunks = []
+        self._drop_body()
         self.refusals.record(self.request.request_id if self.request else "-", error)
         return [m.immediate_response(error)]
 
 
-def _parse(request: InferenceRequest, raw: bytes) -> tuple[InferenceRequest, bytes | None]:
+def _parse(
+    request: InferenceRequest, raw: bytes, limits: BodyLimits
+) -> tuple[InferenceRequest, bytes | None]:
     """The request parsed from `raw`, and the body to forward if the model changes."""
-    req = parse_body(request, raw)
+    req = parse_body(request, raw, limits)
     return req, req.body_for_upstream()

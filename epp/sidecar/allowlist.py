@@ -13,7 +13,9 @@ the previous list (logged). An empty allowlist refuses every prefill header.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,29 +27,75 @@ log = logging.getLogger("epp.sidecar")
 _RECHECK_S = 1.0
 
 
-def parse_hostport(value: str) -> tuple[str, int | None] | None:
-    """`10.0.0.5:8000`, `[fd00::1]:8000`, `host` → (host, port or None); None if malformed."""
-    value = value.strip()
-    if not value or "/" in value or any(c.isspace() for c in value):
+_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+# Labels inet_aton(3) reads as numbers (getaddrinfo accepts `167772165`, `0x0a.0.0.5`,
+# `010.0.0.5`): a host whose last label looks like one is an IP form or nothing.
+_NUMERIC_LABEL = re.compile(r"(0x[0-9a-f]*|[0-9]+)")
+
+
+def canonical_host(host: str) -> str | None:
+    """One spelling per host, or None if it is not a plain IP literal or DNS name.
+
+    IPv6 is compressed and an IPv4-mapped IPv6 address becomes its IPv4 address (the
+    same host either way); IPv4 must be four decimal octets without leading zeros;
+    DNS names are lower-case ASCII letters, digits, dots and hyphens, one trailing dot
+    dropped. Everything else (userinfo `a@b`, zone ids `%eth0`, percent-encoding,
+    decimal/hex/octal IPv4, non-ASCII look-alikes, whitespace) is refused: the sidecar
+    never hands a resolver a string it might read differently from this check.
+    """
+    if not host or not host.isascii():
         return None
+    host = host.lower()
+    if ":" in host:
+        try:
+            ip6 = ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+        if ip6.scope_id:
+            return None
+        return str(ip6.ipv4_mapped) if ip6.ipv4_mapped else ip6.compressed
+    if host.endswith("."):
+        host = host[:-1]
+    if not _NAME.fullmatch(host) or len(host) > 253:
+        return None
+    if _NUMERIC_LABEL.fullmatch(host.rsplit(".", 1)[-1]):
+        try:
+            return str(ipaddress.IPv4Address(host))
+        except ValueError:
+            return None
+    return host
+
+
+def parse_hostport(value: str) -> tuple[str, int | None] | None:
+    """`10.0.0.5:8000`, `[fd00::1]:8000`, `host` → (canonical host, port or None);
+    None if malformed or not a plain host (see `canonical_host`)."""
+    value = value.strip()
+    if not value or not value.isascii():
+        return None
+    port_text: str | None = None
     if value.startswith("["):
         host, sep, rest = value[1:].partition("]")
-        if not sep or not host:
+        if not sep or (rest and not rest.startswith(":")):
             return None
-        if not rest:
-            return host.lower(), None
-        if not rest.startswith(":"):
+        port_text = rest[1:] if rest else None
+        if ":" not in host:  # brackets are for IPv6 only
             return None
-        port_text = rest[1:]
     elif value.count(":") == 1:
         host, _, port_text = value.partition(":")
-    elif ":" in value:  # a bare IPv6 literal
-        return value.lower(), None
-    else:
-        return value.lower(), None
-    if not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    else:  # a bare host, or a bare IPv6 literal
+        host = value
+    canonical = canonical_host(host)
+    if canonical is None:
         return None
-    return host.lower(), int(port_text)
+    if port_text is None:
+        return canonical, None
+    if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+        return None
+    return canonical, int(port_text)
+
+
+def format_hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Allowlist:
@@ -74,13 +122,23 @@ class Allowlist:
             self._checked_at = clock()
 
     def allows(self, hostport: str) -> bool:
+        return self.resolve(hostport) is not None
+
+    def resolve(self, hostport: str) -> str | None:
+        """The canonical `host:port` to connect to if `hostport` is allowed, else None.
+
+        Callers connect to this, never to the raw header value, so what was checked is
+        exactly what is dialled.
+        """
         parsed = parse_hostport(hostport)
         if parsed is None or parsed[1] is None:
-            return False
+            return None
         self._maybe_reload()
-        host = parsed[0]
+        host, port = parsed
         entries = self._static | self._from_file
-        return parsed in entries or (host, None) in entries
+        if parsed in entries or (host, None) in entries:
+            return format_hostport(host, port)
+        return None
 
     def __len__(self) -> int:
         return len(self._static | self._from_file)
@@ -113,7 +171,15 @@ class Allowlist:
 
 
 def _load(path: Path) -> set[tuple[str, int | None]]:
-    return {(e.address.lower(), e.port) for e in load_endpoints_file(path)}
+    out = set()
+    for e in load_endpoints_file(path):
+        host = canonical_host(e.address)
+        if host is None:
+            raise EndpointsError(
+                f"{path}: endpoint {e.name!r}: address {e.address!r} is not a plain IP or DNS name"
+            )
+        out.add((host, e.port))
+    return out
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:

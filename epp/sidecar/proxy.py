@@ -32,6 +32,8 @@ from aiohttp import web
 
 from epp.errors import EppError
 from epp.headers import PREFILLER_HOST_PORT, REQUEST_ID
+from epp.logsafe import clip
+from epp.request import valid_request_id
 from epp.sidecar import protocol as p
 from epp.sidecar.allowlist import Allowlist
 from epp.sidecar.metrics import SidecarMetrics
@@ -139,13 +141,14 @@ class Sidecar:
         headers = p.upstream_headers(request.headers.items())
         if api is None or target is None:
             return await self._decode(request, body, headers, label, "forwarded")
-        if not self.allowlist.allows(target):
+        allowed = self.allowlist.resolve(target)
+        if allowed is None:
             self.metrics.count(label, "forbidden")
-            log.warning("refused prefill server %s: not in the allowlist", target)
+            log.warning("refused prefill server %s: not in the allowlist", clip(target))
             return _error(
                 403,
-                f"prefill server {target!r} (header {PREFILLER_HOST_PORT}) is not in this "
-                f"sidecar's allowlist (--allow / --allow-from-endpoints: "
+                f"prefill server {clip(target, 100)!r} (header {PREFILLER_HOST_PORT}) is not "
+                f"in this sidecar's allowlist (--allow / --allow-from-endpoints: "
                 f"{self.allowlist.describe()})",
                 "prefiller_not_allowed",
             )
@@ -155,7 +158,7 @@ class Sidecar:
             parsed = None
         if not isinstance(parsed, dict):  # the decode server explains what is wrong
             return await self._decode(request, body, headers, label, "forwarded")
-        return await self._remote_prefill(request, body, parsed, headers, api, target, label)
+        return await self._remote_prefill(request, body, parsed, headers, api, allowed, label)
 
     async def _remote_prefill(
         self,
@@ -167,7 +170,7 @@ class Sidecar:
         target: str,
         label: str,
     ) -> web.StreamResponse:
-        rid = request.headers.get(REQUEST_ID) or str(uuid.uuid4())
+        rid = valid_request_id(request.headers.get(REQUEST_ID)) or str(uuid.uuid4())
         headers = [(k, v) for k, v in headers if k.lower() != REQUEST_ID]
         headers.append((REQUEST_ID, rid))
         result = await self._prefill(target, request.path_qs, p.prefill_body(body, api), headers)

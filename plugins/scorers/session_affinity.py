@@ -22,6 +22,7 @@ number of sessions is bounded (`maxSessions`, least recently used dropped first)
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -32,6 +33,8 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
+
+MAX_SESSION_ID_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,12 @@ class SessionAffinityScorer(Plugin):
         return len(self._sessions)
 
     def _session_id(self, request: InferenceRequest) -> str:
-        return (request.headers.get(self.header) or "").strip()
+        """The client's session id; a long one is kept as its hash, so the map's memory
+        is bounded by max_sessions × ~128 bytes, not by what clients send (issue 13 §5)."""
+        sid = (request.headers.get(self.header) or "").strip()
+        if len(sid) > MAX_SESSION_ID_CHARS:
+            return "blake2b:" + hashlib.blake2b(sid.encode("utf-8", "replace")).hexdigest()
+        return sid
 
     def endpoint_for(self, session_id: str) -> str | None:
         """The endpoint remembered for `session_id`, or None if unknown or expired."""

@@ -162,3 +162,35 @@ async def test_other_body_modes_route_and_keep_the_body(mode):
                 assert r.json()["usage"]["prompt_tokens"] > 40
             r = await send(s, st.url, json.dumps({"model": "tiny"}).encode())
             assert r.status == 400
+
+
+async def test_hostile_bodies_get_400_json_through_envoy_never_an_empty_500(stack):
+    """Issue 13 §1e: each of these once gave Envoy's empty 500 with a traceback."""
+    hostile = [
+        b'{"model": "tiny", "prompt": "x", "a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+        b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        b'{"model": "tiny", "prompt": "lone \\ud800 surrogate"}',
+    ]
+    async with aiohttp.ClientSession() as s:
+        for body in hostile:
+            r = await send(s, stack.url, body)
+            assert r.status == 400, (r.status, r.body[:200])
+            assert r.json()["error"]["type"] == "invalid_request_error"
+        assert (await send(s, stack.url, BODY)).status == 200
+
+
+async def test_too_many_headers_get_431_json_not_envoys_empty_500(stack):
+    """Issue 13 §1f: 92-96 client headers plus the EPP's own crossed Envoy's limit of 100
+    and got an empty 500. Around the limit each reply is now a 200 or the EPP's 431.
+    (aiohttp sends 6 headers of its own; from 95 extra the client's headers alone cross
+    Envoy's limit and Envoy's codec closes the connection, without the EPP.)"""
+    statuses = []
+    async with aiohttp.ClientSession() as s:
+        for extra in range(84, 95):
+            headers = {f"x-h{i}": "v" for i in range(extra)}
+            r = await send(s, stack.url, BODY, headers=headers)
+            statuses.append(r.status)
+            if r.status != 200:
+                assert r.status == 431, (extra, r.status, r.body[:200])
+                assert "headers" in r.json()["error"]["message"]
+    assert 200 in statuses and 431 in statuses

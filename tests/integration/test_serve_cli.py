@@ -104,3 +104,18 @@ def test_planner_kubernetes_needs_a_workload_per_role(tmp_path):
         f"epp serve: {path}: aggregated-workload: 'Pod/x': expected Kind/name, Kind one of "
         "Deployment, StatefulSet, LeaderWorkerSet"
     )
+
+
+def test_bad_limit_flags_are_one_line_each():
+    cases = {
+        ("--max-buffered-bytes", "0"): "epp serve: --max-buffered-bytes must be > 0",
+        ("--body-timeout", "-1"): "epp serve: --body-timeout must be > 0",
+        ("--max-json-depth", "0"): "epp serve: --max-json-depth must be > 0",
+        ("--drain-timeout", "0"): "epp serve: --drain-timeout must be > 0",
+        ("--max-request-headers", "5"): "epp serve: --max-request-headers: max_count must be > 7",
+    }
+    for args, line in cases.items():
+        r = run(*args, "--endpoint", "a=127.0.0.1:1")
+        assert r.returncode == 2, args
+        assert r.stderr.strip().startswith(line), (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1

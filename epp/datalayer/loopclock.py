@@ -1,0 +1,72 @@
+"""A clock that stands still while the EPP's own event loop is stalled.
+
+Why: health is "the last good scrape is younger than --metrics-staleness-threshold".
+Judged on the wall clock, a 2 s stall of the EPP's loop (a 28 MB body parsed on it, a
+GC pause, a starved CPU) made every endpoint look stale at once, and every request
+got 503 although no model server had done anything wrong (issue 13 §1d). Staleness
+must measure how long the *endpoint* has been silent while the EPP was able to listen.
+
+`LoopClock.now()` is `time.monotonic()` minus the time the loop spent stalled: a
+heartbeat task sleeps `tick` seconds at a time, and any lateness beyond `tick +
+tolerance` counts as stall. A stall still in progress (the heartbeat not yet run) is
+subtracted too, so code running right after a stall already sees the corrected time,
+and the clock never jumps back when the heartbeat catches up. On a loop that is never
+late the clock equals `time.monotonic()` (up to the tolerance per tick).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+
+class LoopClock:
+    def __init__(
+        self,
+        tick: float = 0.05,
+        tolerance: float = 0.05,
+        base: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not tick > 0 or tolerance < 0:
+            raise ValueError(f"tick must be > 0 and tolerance >= 0, got {tick}, {tolerance}")
+        self.tick = tick
+        self.tolerance = tolerance
+        self._base = base
+        self._last: float | None = None  # base() at the heartbeat's last run
+        self.stalled = 0.0  # seconds of stall accounted so far
+        self._task: asyncio.Task[None] | None = None
+
+    def now(self) -> float:
+        t = self._base()
+        if self._last is None:
+            return t - self.stalled
+        pending = max(0.0, t - self._last - self.tick - self.tolerance)
+        return t - self.stalled - pending
+
+    def beat(self) -> None:
+        """One heartbeat (the task calls this every `tick`; tests may call it directly)."""
+        t = self._base()
+        if self._last is not None:
+            self.stalled += max(0.0, t - self._last - self.tick - self.tolerance)
+        self._last = t
+
+    def start(self) -> None:
+        """Start the heartbeat on the running loop."""
+        if self._task is None:
+            self.beat()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="epp-loopclock")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+            self._last = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            self.beat()
