@@ -176,9 +176,11 @@ class BeyondParams:
         "(1 = Poisson; larger for burstier traffic within an interval)",
     )
     distribution_aware_prefill: bool = param(
-        True,
+        False,
         doc="prefill work = sum of t_prefill(uncached ISL) over sampled prompts, not "
-        "t(mean ISL) (TTFT is convex in ISL: the mean under-sizes heavy tails)",
+        "t(mean ISL) (TTFT is convex in ISL: the mean under-sizes heavy tails). Off by "
+        "default: in the replays it sized smaller pools that missed the SLA more often "
+        "(docs/BENCHMARKS.md 'Planner: option ablation')",
     )
     idle_scale_down: bool = param(
         True,
