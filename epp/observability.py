@@ -184,6 +184,12 @@ PLANNER_DIAGNOSTIC = Gauge(
     ["name"],
     registry=REGISTRY,
 )
+PLANNER_DROPPED = Counter(
+    "epp_planner_observations_dropped",
+    "Admissions and finished requests the planner thread never saw: its hand-over queue "
+    "was full (the planner is behind; its demand reads low while this grows).",
+    registry=REGISTRY,
+)
 PLANNER_GPU_SECONDS = Counter(
     "epp_planner_gpu_seconds",
     "GPU-seconds held by the pool (ready, starting and draining replicas), summed over "

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from epp.datastore import Datastore
+from epp.observability import PLANNER_DROPPED
 from epp.planner.connectors.base import Connector, apply
 from epp.planner.record import DecisionRecorder
 from epp.planner.types import Decision, EndpointLoad, Policy
@@ -126,6 +127,7 @@ class PlannerThread:
         self.no_operation = no_operation
         self._news: queue.Queue[RequestRecord | int] = queue.Queue(queue_cap)
         self.dropped = 0
+        self._dropped_logged = 0
         self.window: IntervalWindow | None = None
         self._next_sample = 0.0
         self._next_adjust = 0.0
@@ -148,6 +150,7 @@ class PlannerThread:
             self._news.put_nowait(item)
         except queue.Full:
             self.dropped += 1
+            PLANNER_DROPPED.inc()
 
     def wake_from_zero(self) -> None:
         """On the request loop: a request waits on a pool with no routable replica.
@@ -217,6 +220,13 @@ class PlannerThread:
 
     def _drain_news(self) -> None:
         assert self.window is not None
+        if self.dropped > self._dropped_logged:
+            log.warning(
+                "planner: %d admissions/finished requests dropped so far (hand-over queue "
+                "full); the interval's demand reads low",
+                self.dropped,
+            )
+            self._dropped_logged = self.dropped
         while True:
             try:
                 item = self._news.get_nowait()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Sequence
 
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
+from epp.observability import REGISTRY
 from epp.planner.loop import ManualTicks, PlannerThread
 from epp.planner.record import DecisionRecorder
 from epp.planner.types import Decision, Observation, Replicas, Role
@@ -117,15 +119,20 @@ async def test_no_operation_decides_and_records_but_changes_nothing(tmp_path):
         await asyncio.to_thread(thread.stop)
 
 
-async def test_the_hand_over_queue_is_bounded(tmp_path):
+async def test_the_hand_over_queue_is_bounded(tmp_path, caplog):
     _, _, policy, ticks, thread = setup(tmp_path, queue_cap=5)
+    before = REGISTRY.get_sample_value("epp_planner_observations_dropped_total") or 0.0
     try:
         for _ in range(8):
             thread.on_admit(1)
         assert thread.dropped == 3  # 8 offered, 5 fit
-        for now in (0.0, 1.0, 2.0):
-            await asyncio.to_thread(ticks.advance, now)
+        dropped = REGISTRY.get_sample_value("epp_planner_observations_dropped_total")
+        assert dropped == before + 3
+        with caplog.at_level(logging.WARNING, logger="epp.planner"):
+            for now in (0.0, 1.0, 2.0):
+                await asyncio.to_thread(ticks.advance, now)
         assert policy.seen[0].arrivals == 5
+        assert [r for r in caplog.records if "3 admissions/finished requests dropped" in r.message]
     finally:
         await asyncio.to_thread(thread.stop)
 
