@@ -64,22 +64,7 @@ LABELS = {
 }
 BLOCK = 32
 MODEL = "tiny"
-LOAD_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 1
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 1
-  - pluginRef: max-score-picker
-"""
+LOAD_CONFIG = (ROOT / "config" / "load-only.yaml").read_text()
 COUNTER_RE = re.compile(
     r"^(vllm:prefix_cache_hits_total|vllm:prefix_cache_queries_total)(?:\{[^}]*\})?\s+(\S+)",
     re.MULTILINE,
