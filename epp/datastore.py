@@ -143,6 +143,9 @@ class Datastore:
         self.clock = clock
         self.require_metrics = require_metrics
         self._listeners: list[_Listener] = []
+        # Called after each metrics update, on the updating thread (the scraper's loop):
+        # flow control retries dispatch when fresh metrics may show freed capacity.
+        self.metrics_listeners: list[Callable[[], None]] = []
         self._served: frozenset[str] | None = None  # cache of served_models()
 
     # ---- membership -------------------------------------------------------
@@ -215,6 +218,8 @@ class Datastore:
         s.scrape_ok = True
         s.last_error = ""
         s.snap = None
+        for fn in self.metrics_listeners:
+            fn()
 
     def mark_scrape_failed(self, name: str, error: str) -> None:
         s = self._states.get(name)

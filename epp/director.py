@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from epp.admission import Admission
 from epp.datastore import Datastore, EndpointSnapshot
@@ -31,6 +32,9 @@ from epp.request import InferenceRequest
 from epp.scheduling.interfaces import PreRequest
 from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import ProfileResult, SchedulingResult
+
+if TYPE_CHECKING:
+    from epp.flowcontrol.controller import FlowController
 
 log = logging.getLogger("epp.director")
 
@@ -96,6 +100,9 @@ class Director:
         self.cold_start: ColdStart | None = None  # set by the planner with min-endpoint 0
         # Priorities and shedding (epp/admission.py); None admits everything.
         self.admission = admission
+        # Flow control (epp/flowcontrol/): the stream waits in it before `route`; told
+        # here whenever a request ends, since that may free capacity.
+        self.flow_control: FlowController | None = None
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -239,6 +246,8 @@ class Director:
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens
             self.datastore.release(hold.name, prompt, hold.output_tokens)
+        if self.flow_control is not None:
+            self.flow_control.capacity_freed()
 
 
 def _restrict_to_subset(

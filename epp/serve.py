@@ -51,6 +51,8 @@ from epp.extproc.server import (
     StreamLimits,
     start_grpc_servers,
 )
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
 from epp.observability import REGISTRY, register_pool
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
@@ -126,13 +128,20 @@ class EppServer:
         handle = self.config.handle
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
+        flow = self.config.flow_control
+        detector = self.config.saturation_detector
         self.director = Director(
             self.datastore,
             self.config.scheduler,
             self.config.pre_request,
             rng,
-            Admission(self.config.saturation_detector, options.objectives),
+            # With flow control, it sheds sheddable requests (before they could wait).
+            Admission(None if flow else detector, options.objectives),
         )
+        if flow is not None and detector is not None:
+            self.director.flow_control = FlowController(
+                flow, detector, self.datastore, options.objectives, options.pool_name
+            )
         # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
         self.observer = (
             ResponseObserver(self.config.post_response) if options.response_path else None
@@ -155,6 +164,11 @@ class EppServer:
         o = self.options
         self.clock.start()
         register_pool(o.pool_name, self.datastore.snapshot)
+        flow = self.director.flow_control
+        if flow is not None:
+            register_flow_control(flow.metrics_snapshot)
+            self.datastore.metrics_listeners.append(flow.capacity_freed)
+            self.datastore.on_change(flow.capacity_freed)
         if o.scrape:
             self.scraper = MetricsScraper(self.datastore, self._scrape_config())
             self.scraper.start()

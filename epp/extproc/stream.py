@@ -44,6 +44,7 @@ from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
 from epp.extproc.refusals import RefusalLog
+from epp.flowcontrol.controller import FlowController
 from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
@@ -157,7 +158,7 @@ class RequestStream:
                 await self.director.await_capacity()
             except EppError as e:
                 return self._reject(e)
-        raw = self._large_final_body(msg)
+        raw = self._final_body(msg, PARSE_OFF_LOOP_BYTES)
         if raw is not None:
             assert self.request is not None
             try:
@@ -166,7 +167,32 @@ class RequestStream:
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
             self._preparsed = (raw, outcome)
-        return self.handle(msg)
+        flow = self.director.flow_control
+        if flow is not None and self.phase is Phase.GATHER_BODY and self._routes_now(msg):
+            try:
+                await self._wait_in_flow_control(msg, flow)
+            except EppError as e:
+                return self._reject(e)
+        return self.handle(msg)  # synchronous: a request let through is routed before any other
+
+    async def _wait_in_flow_control(self, msg: pb.ProcessingRequest, flow: FlowController) -> None:
+        """Parse the completed body (if not yet), then wait for flow control's go-ahead.
+        A body that fails to parse or is over the limit does not wait: `handle` refuses it."""
+        if self._preparsed is None:
+            raw = self._final_body(msg, 0)
+            if raw is None:
+                return
+            assert self.request is not None
+            try:
+                outcome: tuple[InferenceRequest, bytes | None] | Exception
+                outcome = _parse(self.request, raw, self.body_limits)
+            except Exception as e:
+                outcome = e
+            self._preparsed = (raw, outcome)
+        raw, outcome = self._preparsed
+        if isinstance(outcome, Exception):
+            return
+        await flow.acquire(outcome[0], len(raw))
 
     def _routes_now(self, msg: pb.ProcessingRequest) -> bool:
         """`msg` completes the request, so handling it routes."""
@@ -179,8 +205,8 @@ class RequestStream:
             kind == "request_body" and msg.request_body.end_of_stream
         )
 
-    def _large_final_body(self, msg: pb.ProcessingRequest) -> bytes | None:
-        """The whole body if `msg` completes one of PARSE_OFF_LOOP_BYTES..max_body_bytes."""
+    def _final_body(self, msg: pb.ProcessingRequest, min_size: int) -> bytes | None:
+        """The whole body if `msg` completes one of min_size (exclusive)..max_body_bytes."""
         if self.phase is not Phase.GATHER_BODY:
             return None
         kind = msg.WhichOneof("request")
@@ -191,7 +217,7 @@ class RequestStream:
         else:
             return None
         size = sum(map(len, parts))
-        if not PARSE_OFF_LOOP_BYTES < size <= self.max_body_bytes:
+        if not min_size < size <= self.max_body_bytes:
             return None
         return b"".join(parts)
 
