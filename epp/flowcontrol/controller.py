@@ -99,7 +99,8 @@ class FlowController:
             why = (
                 f"the pool is saturated ({sat:.2f} by {self.detector.name})"
                 if sat >= self.config.ceiling
-                else f"{self.queue.requests} requests of priority >= 0 wait for capacity"
+                else f"{self.queue.requests + self._granted} requests of priority >= 0 are "
+                "ahead of it"
             )
             raise capacity_rejected(
                 f"{why} and objective {request.objective!r} is sheddable (priority "

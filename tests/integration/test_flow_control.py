@@ -18,6 +18,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from epp.admission import Objectives
 from epp.composition import install_plugins
@@ -240,6 +241,7 @@ async def epp_server():
 
 async def test_a_client_that_disconnects_while_queued_leaves_the_queue(epp_server):
     server, stub = epp_server
+    server.datastore.set_models("e0", ["m"])  # a served model is a label value (else "other")
     fc = server.director.flow_control
     # 1: routed and still open (its response has not ended): the pool is saturated.
     q1, call1 = open_stream(stub)
@@ -260,12 +262,26 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(epp_serve
     for m in request_messages():
         await q3.put(m)
     assert await until(lambda: len(fc.queue) == 1)
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        families = {f.name: f for f in text_string_to_metric_families(await r.text())}
+    (waiting,) = families["inference_extension_flow_control_queue_size"].samples
+    assert waiting.value == 1 and waiting.labels == {
+        "fairness_id": "default-flow",
+        "priority": "0",
+        "inference_pool": "default",
+        "model_name": "m",
+        "target_model_name": "m",
+    }
+    (held,) = families["inference_extension_flow_control_queue_bytes"].samples
+    assert held.value == len(b'{"model":"m","prompt":"hi"}')  # the raw body: 27 bytes
+    (sat,) = families["inference_extension_flow_control_pool_saturation"].samples
+    assert sat.value == 1.0  # 1 in flight / (maxConcurrency 1 × 1 endpoint)
     await q1.put(None)  # stream 1 ends
     third = await asyncio.wait_for(call3.read(), 10)
     assert third.HasField("request_headers")
     assert len(fc.queue) == 0
     await q3.put(None)
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         text = await r.text()
     for name in (
