@@ -173,6 +173,10 @@ class RequestStream:
                 await self._wait_in_flow_control(msg, flow)
             except EppError as e:
                 return self._reject(e)
+            except Exception as e:  # a bug costs this request a 500, as in `handle`
+                error = internal_error(f"unexpected {type(e).__name__} in flow control")
+                error.__cause__ = e
+                return self._reject(error)
         return self.handle(msg)  # synchronous: a request let through is routed before any other
 
     async def _wait_in_flow_control(self, msg: pb.ProcessingRequest, flow: FlowController) -> None:
