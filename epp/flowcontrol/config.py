@@ -82,8 +82,10 @@ class FlowControlConfig:
     ttl: float = 30.0
     bands: dict[int, BandLimits] = field(default_factory=dict)
     default_band: BandLimits = field(default_factory=BandLimits)
-    # Dispatch while the pool's saturation is below this (static-usage-limit-policy).
+    # Dispatch while the pool's saturation is below this (static-usage-limit-policy);
+    # a sheddable request passes only below `sheddable_ceiling` (≤ ceiling).
     ceiling: float = 1.0
+    sheddable_ceiling: float = 1.0
 
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -158,11 +160,13 @@ def parse_flow_control(
         if b.priority in bands:
             raise ConfigError(f"{path}.priority", f"priority {b.priority} is listed twice")
         bands[b.priority] = _band(b, path, resolve)
-    ceiling = 1.0
+    ceiling = sheddable = 1.0
     if p.usage_limit_policy_plugin_ref:
-        ceiling = resolve(
+        limit = resolve(
             p.usage_limit_policy_plugin_ref, "usage-limit", "flowControl.usageLimitPolicyPluginRef"
-        ).params.threshold
+        ).params
+        ceiling = limit.threshold
+        sheddable = limit.sheddable_threshold or limit.threshold
     return FlowControlConfig(
         max_requests=max_requests,
         max_bytes=max_bytes,
@@ -170,6 +174,7 @@ def parse_flow_control(
         bands=bands,
         default_band=_band(p.default_priority_band, "flowControl.defaultPriorityBand", resolve),
         ceiling=ceiling,
+        sheddable_ceiling=sheddable,
     )
 
 

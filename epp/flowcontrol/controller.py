@@ -12,8 +12,9 @@ processor.go`):
 - saturation = the config's saturation detector over the pool's routable endpoints
   (healthy, not draining), as upstream computes it per pool, not per request;
 - a request goes straight through when the saturation is below the ceiling
-  (`static-usage-limit-policy`, 1.0) and nobody is waiting; otherwise a request of
-  priority ≥ 0 waits, a sheddable one (< 0) gets 429 at once;
+  (`static-usage-limit-policy`: `threshold` 1.0, for sheddable requests
+  `sheddableThreshold`) and nobody is waiting; otherwise a request of priority ≥ 0
+  waits, a sheddable one (< 0) gets 429 at once;
 - dispatch: while saturation < ceiling, the queue's next item (highest band, next flow
   in turn, oldest) is let through, **one at a time**: the next only after the previous
   one was routed, so an in-flight-based detector sees each one before the next decision
@@ -91,14 +92,16 @@ class FlowController:
         if not snaps:
             return  # nothing to wait for: the director answers (503) at once
         sat = self._saturation(snaps)
-        if sat < self.config.ceiling and not self.queue.requests and not self._granted:
+        ceiling = self.config.ceiling if priority >= 0 else self.config.sheddable_ceiling
+        if sat < ceiling and not self.queue.requests and not self._granted:
             self._record(labels, fm.DISPATCHED, t0, t0)
             return
         if priority < 0:
             self._record(labels, fm.REJECTED_CAPACITY, t0, t0)
             why = (
-                f"the pool is saturated ({sat:.2f} by {self.detector.name})"
-                if sat >= self.config.ceiling
+                f"the pool is saturated ({sat:.2f} by {self.detector.name}; sheddable "
+                f"requests pass below {ceiling:g})"
+                if sat >= ceiling
                 else f"{self.queue.requests + self._granted} requests of priority >= 0 are "
                 "ahead of it"
             )

@@ -8,7 +8,10 @@ Upstream's types and defaults (gie-epp.md §3.3 "Flow-control plugins"); the que
   (upstream's default is `global-strict-fairness-policy`).
 - `global-strict-fairness-policy`: the band is one FCFS queue whatever the fairness id.
 - `fcfs-ordering-policy`: within a flow, first come first served (the only ordering).
-- `static-usage-limit-policy`: dispatch while the pool's saturation < `threshold`.
+- `static-usage-limit-policy`: dispatch while the pool's saturation < `threshold`; a
+  sheddable request passes only below `sheddableThreshold` (not upstream's: its open
+  ask for priority-based holdback, GIE #2265), so bursts of sheddable traffic leave room
+  for the critical requests that arrive next instead of filling every slot.
 """
 
 from __future__ import annotations
@@ -53,6 +56,19 @@ class UsageLimitParams:
     threshold: float = param(
         1.0, min=0.0, doc="dispatch while the saturation detector reports less than this"
     )
+    sheddable_threshold: float = param(
+        0.0,
+        min=0.0,
+        doc="sheddable requests pass only below this saturation (0 = threshold); lower "
+        "keeps room for priority >= 0 (priority-based holdback, GIE #2265)",
+    )
+
+    def validate(self) -> None:
+        if self.sheddable_threshold > self.threshold:
+            raise ValueError(
+                f"sheddableThreshold ({self.sheddable_threshold:g}) must be at most threshold "
+                f"({self.threshold:g}): sheddable requests never get more room than others"
+            )
 
 
 @register("static-usage-limit-policy")

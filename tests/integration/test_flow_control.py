@@ -37,10 +37,12 @@ from tests.helpers import plugin
 OBJECTIVES = Objectives({"critical": 10, "normal": 0, "batch": -1})
 
 
-def setup(cfg: FlowControlConfig | None = None) -> tuple[FlowController, Datastore]:
+def setup(
+    cfg: FlowControlConfig | None = None, max_concurrency: int = 1
+) -> tuple[FlowController, Datastore]:
     ds = Datastore(require_metrics=False)
     ds.set_endpoints([Endpoint("a", "127.0.0.1", 8000)])
-    detector = plugin("concurrency-detector", {"maxConcurrency": 1})
+    detector = plugin("concurrency-detector", {"maxConcurrency": max_concurrency})
     return FlowController(cfg or FlowControlConfig(), detector, ds, OBJECTIVES, "pool-t"), ds
 
 
@@ -119,7 +121,19 @@ async def test_sheddable_gets_429_at_once_while_saturated():
     assert e.value.status == 429
     err = openai_error(e.value)
     assert err["type"] == "rate_limit_error" and "sheddable (priority -1)" in err["message"]
-    assert "saturated (1.00 by concurrency-detector)" in err["message"]
+    assert "saturated (1.00 by concurrency-detector;" in err["message"]
+    assert len(fc.queue) == 0
+
+
+async def test_holdback_sheds_sheddable_below_full_saturation_and_keeps_room_for_others():
+    fc, ds = setup(FlowControlConfig(ceiling=1.0, sheddable_ceiling=0.5), max_concurrency=4)
+    ds.acquire("a")
+    await fc.acquire(req("batch"), 10)  # 1 of 4 in flight = 0.25 < 0.5: passes
+    ds.acquire("a")
+    with pytest.raises(EppError) as e:  # 2 of 4 = 0.5, not below 0.5: shed
+        await fc.acquire(req("batch"), 10)
+    assert e.value.status == 429 and "sheddable requests pass below 0.5" in e.value.message
+    await fc.acquire(req("normal"), 10)  # 0.5 < 1.0: priority >= 0 goes straight on
     assert len(fc.queue) == 0
 
 

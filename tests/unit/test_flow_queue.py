@@ -117,6 +117,24 @@ def test_upstream_section_loads_with_quantities_durations_and_policy_refs():
     assert cfg.ceiling == 0.9
 
 
+def test_holdback_threshold_for_sheddable_requests():
+    gate = "featureGates: [flowControl]\n"
+    cfg = load(
+        gate + "plugins:\n- {type: static-usage-limit-policy, parameters: "
+        "{sheddableThreshold: 0.75}}\n"
+        "flowControl: {usageLimitPolicyPluginRef: static-usage-limit-policy}\n"
+    ).flow_control
+    assert (cfg.ceiling, cfg.sheddable_ceiling) == (1.0, 0.75)
+    by_type = load(
+        gate + "flowControl: {usageLimitPolicyPluginRef: static-usage-limit-policy}\n"
+    ).flow_control
+    assert (by_type.ceiling, by_type.sheddable_ceiling) == (1.0, 1.0)  # 0 = the threshold
+    assert "sheddableThreshold (0.9) must be at most threshold (0.8)" in error(
+        "plugins:\n- {type: static-usage-limit-policy, parameters: "
+        "{threshold: 0.8, sheddableThreshold: 0.9}}\n"
+    )
+
+
 def test_gate_alone_gives_the_defaults_and_no_gate_is_off():
     cfg = load("featureGates: [flowControl]\n").flow_control
     assert (cfg.max_requests, cfg.max_bytes, cfg.ttl, cfg.ceiling) == (5000, 2**30, 30.0, 1.0)
