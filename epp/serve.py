@@ -606,6 +606,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> None:
+    # Signal handlers first: a supervisor may send SIGTERM the moment it reads the line
+    # below, and one that arrives before them kills the process undrained (exit -15).
+    signals = asyncio.Queue[int]()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     server = EppServer(opts, config, seed)
     await server.start()
     log.info("%s", config.describe())
@@ -619,10 +625,6 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
-    signals = asyncio.Queue[int]()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
     await signals.get()
     log.info(
         "draining: health NOT_SERVING, new streams refused, %d open get up to %gs "
