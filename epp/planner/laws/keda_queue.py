@@ -62,7 +62,7 @@ class KedaQueue:
     name = NAME
     sample_interval_s = 1.0
 
-    def __init__(self, params: KedaQueueParams | None = None, role: Role = Role.AGGREGATED):
+    def __init__(self, params: KedaQueueParams | None = None, role: Role = Role.AGGREGATED) -> None:
         self.params = p = params or KedaQueueParams()
         if p.min_replicas > p.max_replicas:
             raise ValueError(
