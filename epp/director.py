@@ -104,7 +104,24 @@ class Director:
         snaps = self.datastore.snapshot()
         if not snaps:
             raise unavailable("the pool has no endpoints")
-        if subset is not None:
+        if subset is None:
+            # The common case in one pass (the same endpoints, in the same order, as the
+            # steps below); only a request that ends up with none takes the steps, to
+            # say which one left nothing.
+            model = request.target_model
+            if model:
+                ok = [
+                    s
+                    for s in snaps
+                    if s.healthy
+                    and not s.draining
+                    and (s.models is None or model in s.models or model in s.metrics.active_models)
+                ]
+            else:
+                ok = [s for s in snaps if s.healthy and not s.draining]
+            if ok:
+                return ok
+        else:
             snaps = _restrict_to_subset(snaps, subset)
             if not snaps:
                 raise unavailable(

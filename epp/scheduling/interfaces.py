@@ -82,8 +82,11 @@ class Picker(Protocol):
     type_name: str
 
     def pick(
-        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
-    ) -> ProfileResult: ...
+        self, state: CycleState, request: InferenceRequest, scored: Sequence[ScoredEndpoint]
+    ) -> ProfileResult:
+        """`scored` is a `ScoredEndpoints` when a profile calls (its `scores` list is the
+        fast way to the numbers), any sequence of `ScoredEndpoint` otherwise."""
+        ...
 
 
 @runtime_checkable
