@@ -30,7 +30,7 @@ from epp.observability import (
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import PreRequest
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import ProfileResult, SchedulingResult
+from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 
 log = logging.getLogger("epp.director")
 
@@ -178,15 +178,30 @@ class Director:
         finally:
             cold.waiting -= 1
 
-    def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
-        """Schedule a parsed request; raises EppError for any refusal."""
+    @property
+    def prepares(self) -> bool:
+        """Some plugin has request-only work (`Scheduler.prepare`) worth a worker thread."""
+        return bool(self.scheduler.preparers)
+
+    def prepare(self, request: InferenceRequest) -> CycleState:
+        """The request's cycle state with request-only work done; any thread."""
+        return self.scheduler.prepare(request)
+
+    def route(
+        self,
+        request: InferenceRequest,
+        subset: Sequence[str] | None,
+        state: CycleState | None = None,
+    ) -> RoutingDecision:
+        """Schedule a parsed request; raises EppError for any refusal. `state`: what
+        `prepare(request)` returned, if it ran (off the loop, for a large request)."""
         served = self.datastore.served_models()
         model = model_label(request.model, served)
         target = model_label(request.target_model, served)
         try:
             candidates = self.candidates(request, subset)
             priority = self.admission.admit(request, candidates) if self.admission else 0
-            result = self.scheduler.schedule(request, candidates)
+            result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
             SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
