@@ -112,27 +112,45 @@ async def test_a_stalled_request_loop_does_not_make_the_pool_stale(make_server) 
         await clock.stop()
 
 
-async def test_handover_applies_in_order_and_drops_after_close() -> None:
-    ds = Datastore()
+async def test_handover_applies_in_order_at_the_next_snapshot_and_drops_after_close():
+    ds = Datastore(require_metrics=False)
     ep = ep_for("a", 1)
     ds.set_endpoints([ep])
-    sink = HandoverSink(DatastoreSink(ds), asyncio.get_running_loop())
+    sink = HandoverSink(DatastoreSink(ds), asyncio.get_running_loop(), interval=3600)
+    sink.start()  # the poll is an hour away: only snapshots drain here
     m1, m2 = EndpointMetrics(waiting_queue_size=1), EndpointMetrics(waiting_queue_size=2)
 
-    # Put without yielding to the loop (the scraper thread may be faster than the loop):
-    sink.metrics(ep, m1)
-    sink.failed(ep, "HTTP 503")
-    sink.metrics(ep, m2)
-    assert sink.applied == 0  # nothing written before the loop runs the batch
-    await wait_for(lambda: sink.applied == 3, "the batch")
-    assert sink.batches == 1  # three results, one callback on this loop
-    assert ds.metrics("a") == m2 and ds.last_error("a") == ""  # the last one wins, in order
+    def produce() -> None:  # from another thread, as the scraper thread does
+        sink.metrics(ep, m1)
+        sink.failed(ep, "HTTP 503")
+        sink.metrics(ep, m2)
+
+    await asyncio.to_thread(produce)
+    assert sink.applied == 0 and ds.metrics("a") == EndpointMetrics()  # waiting
+    # a snapshot taken by another thread (the planner's) leaves them for the loop
+    await asyncio.to_thread(ds.snapshot)
+    assert sink.applied == 0
+    (snap,) = ds.snapshot()  # on the loop: all three applied first, in order, once
+    assert sink.applied == 3 and sink.batches == 1
+    assert snap.metrics == m2 and ds.last_error("a") == ""  # the last one wins
     moved = ep_for("a", 2)  # re-addressed: a result for the old address is dropped
     ds.set_endpoints([moved])
     await asyncio.to_thread(sink.metrics, ep, m1)
-    await wait_for(lambda: sink.applied == 4, "the stale result")
-    assert ds.metrics("a") != m1
-    sink.close()
-    await asyncio.to_thread(sink.metrics, moved, m1)
-    await asyncio.sleep(0.05)
+    ds.snapshot()
     assert sink.applied == 4 and ds.metrics("a") != m1
+    await sink.close()
+    await asyncio.to_thread(sink.metrics, moved, m1)
+    ds.snapshot()
+    assert sink.applied == 4 and ds.metrics("a") != m1
+
+
+async def test_an_idle_loop_gets_results_from_the_poll():
+    ds = Datastore()
+    ep = ep_for("a", 1)
+    ds.set_endpoints([ep])
+    sink = HandoverSink(DatastoreSink(ds), asyncio.get_running_loop(), interval=0.01)
+    sink.start()
+    await asyncio.to_thread(sink.metrics, ep, EndpointMetrics(waiting_queue_size=5))
+    await wait_for(lambda: sink.applied == 1, "the poll")  # no snapshot taken
+    assert ds.metrics("a").waiting_queue_size == 5
+    await sink.close()
