@@ -265,16 +265,18 @@ def start_epp(
     name: str = "epp",
     response_path: bool = False,
     checkout: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> tuple[int, int, int]:
     """`epp serve` with defaults over every replica; waits until all are healthy.
-    `checkout`: run the `epp` package of that checkout instead of this one."""
+    `checkout`: run the `epp` package of that checkout instead of this one; `extra`:
+    more `epp serve` flags (--epp-arg)."""
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = _py(
         "-m", "epp.cli", "serve", "--host", "127.0.0.1",
         "--grpc-port", str(grpc_port), "--health-port", str(health_port),
         "--metrics-port", str(metrics_port),
         "--response-path", "on" if response_path else "off",
-        *[f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)],
+        *[f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)], *extra,
     )  # fmt: skip
     env = {"PYTHONPATH": str(checkout)} if checkout is not None else None
     proc = pg.start(
@@ -356,10 +358,10 @@ def _connection_manager(config: dict[str, Any], listener_name: str) -> dict[str,
     raise KeyError(f"no HTTP connection manager on listener {listener_name!r}")
 
 
-def start_stack(pg: ProcessGroup, baseline: Path | None = None) -> Stack:
+def start_stack(pg: ProcessGroup, baseline: Path | None = None, extra: Sequence[str] = ()) -> Stack:
     pids: dict[str, int] = {}
     pids["sim"], hostports = start_sims(pg)
-    pids["epp"], epp_grpc, epp_health = start_epp(pg, hostports)
+    pids["epp"], epp_grpc, epp_health = start_epp(pg, hostports, extra=extra)
     pids["minimal"], min_grpc, min_health = start_minimal(pg, hostports[0])
     configs = [
         ("a", "(a) Envoy direct", epp_grpc, epp_health, None),
@@ -367,7 +369,9 @@ def start_stack(pg: ProcessGroup, baseline: Path | None = None) -> Stack:
         ("c", "(c) Envoy + epp serve", epp_grpc, epp_health, "epp"),
     ]
     if baseline is not None:
-        pids["epp0"], grpc0, health0 = start_epp(pg, hostports, "epp0", checkout=baseline)
+        pids["epp0"], grpc0, health0 = start_epp(
+            pg, hostports, "epp0", checkout=baseline, extra=extra
+        )
         configs.append(("c0", f"(c0) Envoy + epp serve of {baseline}", grpc0, health0, "epp0"))
     targets = []
     for key, label, grpc, health, extproc in configs:
@@ -760,6 +764,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--run-dir", type=Path, help="keep child logs here (default: temp, removed)")
     ap.add_argument("--py-spy", metavar="BIN", help="after measuring, profile the EPP under load")
     ap.add_argument(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra epp serve flag for every EPP, e.g. --epp-arg=--scrape-timeout=5 "
+        "(a starved simulator on a busy machine)",
+    )
+    ap.add_argument(
         "--baseline",
         type=Path,
         metavar="CHECKOUT",
@@ -803,7 +815,7 @@ def run_response_path(args: argparse.Namespace, command: str) -> None:
 def run(args: argparse.Namespace, command: str) -> None:
     started = time.monotonic()
     with ProcessGroup(args.run_dir) as pg:
-        stack = start_stack(pg, args.baseline)
+        stack = start_stack(pg, args.baseline, args.epp_arg)
         print(f"stack up in {time.monotonic() - started:.1f}s", flush=True)
         rows, idles = measure(stack, args)
         profile = ""
