@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 from epp.datastore import EndpointSnapshot
 
@@ -29,6 +29,17 @@ class CycleState:
 
     def __contains__(self, key: str) -> bool:
         return key in self._data
+
+
+# The key prefix producers write their match under (plugins/prefix/match_info.py). The
+# framework reads one thing from it, through `CachedPrompt`: how many prompt tokens the
+# picked endpoint will serve from its cache, so in-flight prefill work counts only the
+# uncached part (llm-d subtracts it the same way).
+PREFIX_MATCH_KEY = "prefix-match"
+
+
+class CachedPrompt(Protocol):
+    def cached_tokens(self, endpoint_name: str) -> int: ...
 
 
 @dataclass(slots=True)
