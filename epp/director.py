@@ -34,6 +34,7 @@ from epp.scheduling.scheduler import Scheduler
 from epp.scheduling.types import (
     PREFIX_MATCH_KEY,
     CachedPrompt,
+    CycleState,
     ProfileResult,
     SchedulingResult,
 )
@@ -116,7 +117,24 @@ class Director:
         snaps = self.datastore.snapshot()
         if not snaps:
             raise unavailable("the pool has no endpoints")
-        if subset is not None:
+        if subset is None:
+            # The common case in one pass (the same endpoints, in the same order, as the
+            # steps below); only a request that ends up with none takes the steps, to
+            # say which one left nothing.
+            model = request.target_model
+            if model:
+                ok = [
+                    s
+                    for s in snaps
+                    if s.healthy
+                    and not s.draining
+                    and (s.models is None or model in s.models or model in s.metrics.active_models)
+                ]
+            else:
+                ok = [s for s in snaps if s.healthy and not s.draining]
+            if ok:
+                return ok
+        else:
             snaps = _restrict_to_subset(snaps, subset)
             if not snaps:
                 raise unavailable(
@@ -173,15 +191,30 @@ class Director:
         finally:
             cold.waiting -= 1
 
-    def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
-        """Schedule a parsed request; raises EppError for any refusal."""
+    @property
+    def prepares(self) -> bool:
+        """Some plugin has request-only work (`Scheduler.prepare`) worth a worker thread."""
+        return bool(self.scheduler.preparers)
+
+    def prepare(self, request: InferenceRequest) -> CycleState:
+        """The request's cycle state with request-only work done; any thread."""
+        return self.scheduler.prepare(request)
+
+    def route(
+        self,
+        request: InferenceRequest,
+        subset: Sequence[str] | None,
+        state: CycleState | None = None,
+    ) -> RoutingDecision:
+        """Schedule a parsed request; raises EppError for any refusal. `state`: what
+        `prepare(request)` returned, if it ran (off the loop, for a large request)."""
         served = self.datastore.served_models()
         model = model_label(request.model, served)
         target = model_label(request.target_model, served)
         try:
             candidates = self.candidates(request, subset)
             priority = self.admission.admit(request, candidates) if self.admission else 0
-            result = self.scheduler.schedule(request, candidates)
+            result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
             SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             REQUEST_ERRORS.labels(model, target, str(e.status)).inc()

@@ -41,7 +41,8 @@ from epp.datalayer.k8s_discovery import (
 )
 from epp.datalayer.k8s_pods import PoolSpecError
 from epp.datalayer.loopclock import LoopClock
-from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
+from epp.datalayer.scrape_thread import ScraperThread
+from epp.datalayer.scraper import ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import ColdStart, Director
 from epp.extproc.server import (
@@ -147,7 +148,7 @@ class EppServer:
             ResponseObserver(self.config.post_response) if options.response_path else None
         )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
-        self.scraper: MetricsScraper | None = None
+        self.scraper: ScraperThread | None = None  # its own thread: off the request loop
         self._servers: list = []
         self._watch: asyncio.Task | None = None
         self.discovery: KubernetesDiscovery | None = None
@@ -170,7 +171,7 @@ class EppServer:
             self.datastore.metrics_listeners.append(flow.capacity_freed)
             self.datastore.on_change(flow.capacity_freed)
         if o.scrape:
-            self.scraper = MetricsScraper(self.datastore, self._scrape_config())
+            self.scraper = ScraperThread(self.datastore, self._scrape_config())
             self.scraper.start()
         for plugin in self._lifecycle:
             await plugin.start()
