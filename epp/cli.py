@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("epp.harness.bench_cli", "run a benchmark from bench/ (routing)"),
     "plan": ("epp.planner.cli", "planner what-ifs: replay a trace through scaling policies"),
+    "planner": (
+        "epp.planner.standalone",
+        "the planner alone: observe through Prometheus, act through a virtual/kubernetes connector",
+    ),
 }
 
 

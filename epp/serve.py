@@ -594,6 +594,11 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> None:
     server = EppServer(opts, config, seed)
     await server.start()
+    # before the ready line: a SIGTERM sent as soon as it is printed must drain, not kill
+    signals = asyncio.Queue[int]()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     log.info("%s", config.describe())
     pool = opts.kubernetes.describe() if opts.kubernetes else f"{len(opts.endpoints)} endpoints"
     if server.planner is not None:
@@ -605,10 +610,6 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
-    signals = asyncio.Queue[int]()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
     await signals.get()
     log.info(
         "draining: health NOT_SERVING, new streams refused, %d open get up to %gs "

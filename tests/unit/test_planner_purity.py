@@ -17,6 +17,7 @@ IO_MODULES = {
     "loop.py",
     "record.py",
     "source.py",
+    "standalone.py",
     "connectors/local.py",
     "connectors/kubernetes.py",
     "connectors/virtual.py",
