@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "epp.planner.standalone",
         "the planner alone: observe through Prometheus, act through a virtual/kubernetes connector",
     ),
+    "planner-client": (
+        "epp.planner.connectors.reference_client",
+        "reference environment for a virtual planner: carry decisions out with epp sim",
+    ),
 }
 
 

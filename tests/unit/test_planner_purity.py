@@ -22,6 +22,7 @@ IO_MODULES = {
     "connectors/kubernetes.py",
     "connectors/virtual.py",
     "connectors/client.py",
+    "connectors/reference_client.py",
     "profiler/sweep.py",
     "profiler/plots.py",
     "profiler/cli.py",
