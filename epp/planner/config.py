@@ -308,7 +308,9 @@ class LiveParams:
         1000, min=1, doc="with min-endpoint 0: most requests waiting for a first replica"
     )
     log_dir: str | None = param(
-        None, doc="directory for decisions.jsonl, one line per decision (null: no file)"
+        None,
+        doc="directory for decisions.jsonl, one line per decision, and, with the tensorboard "
+        "extra installed, TensorBoard event files of the same (null: no file)",
     )
 
     def workload_for(self, role: Role) -> str | None:

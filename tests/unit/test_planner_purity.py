@@ -18,6 +18,7 @@ IO_MODULES = {
     "record.py",
     "source.py",
     "standalone.py",
+    "tensorboard.py",
     "connectors/local.py",
     "connectors/kubernetes.py",
     "connectors/virtual.py",
