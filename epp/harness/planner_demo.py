@@ -48,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--interval", type=float, default=3, help="adjustment interval, wall s (3)")
     g.add_argument("--max-replicas", type=int, default=4, help="max-gpu-budget (4)")
     g.add_argument(
-        "--cooldown", type=float, default=90,
-        help="after the slice, wall seconds at most of no traffic while the pool scales "
-        "back down to one replica (90; it ends as soon as it is there)",
+        "--cooldown", type=float, default=300,
+        help="after the slice, wall seconds at most of no traffic while the pool drains "
+        "its backlog and scales back down to one replica (300; it ends once it is there)",
     )  # fmt: skip
     g.add_argument("--png", default="planner-demo.png", help="timeline plot (planner-demo.png)")
 
