@@ -11,8 +11,8 @@ Mode `load` (seed 002), pool disaggregated, one replica per role to start:
   (~3,000 tokens, never cached, so the decider sends each to a prefill server) at
   0.5 ms per prompt token take ~1.5 s each on a prefill server that runs one at a time
   (`--max-num-seqs 1`): 6 clients keep ~5 waiting there, 5 / 1 > 0.5. They ask for 2
-  tokens, so decode stays light: no decode request waits and KV use stays small
-  (< the 0.3 decode threshold).
+  tokens, so decode stays light: a decode server holds 2 of them at most, ~2 × 4,000 /
+  262,144 KV tokens ≈ 0.03 < the 0.3 decode threshold, even if a few wait.
 - decode rule: `kv_mean + 0.02 × waiting per decode replica` > 0.3 adds a decode
   replica. 24 clients with short prompts (decode-only) and 80 output tokens on a decode
   server that runs 2 at a time keep ~22 waiting: 0.02 × 22 = 0.44 > 0.3. Their
@@ -56,7 +56,7 @@ PREFILL_SIM = (
 )
 DECODE_SIM = (
     "epp sim --port {port} --name-prefix {name} --kv-role decode --max-num-seqs 2 "
-    "--prefill-ms-per-token 0.01 --decode-ms-per-token 4"
+    "--prefill-ms-per-token 0.01 --decode-ms-per-token 4 --kv-capacity-tokens 262144"
 )
 
 
@@ -80,7 +80,7 @@ def planner_file(tmp: Path) -> str:
     return "\n".join(f"{k}: {json.dumps(v)}" for k, v in keys.items())
 
 
-async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
     """Poll `cond()` until true; the deadline only bounds a broken run."""
     deadline = time.monotonic() + timeout
     while not cond():
@@ -228,7 +228,7 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
         # the new prefill replica gets remote prefills through the decode sidecar (it is
         # in the sidecar's allowlist before the EPP routes to it: no 403)
         new = next(w for w in conn.workers() if w.role == P and w.name != "prefill-0")
-        await wait_for(lambda: received(new.port) >= 2, "remote prefills on the new replica")
+        await wait_for(lambda: received(new.port) >= 1, "a remote prefill on the new replica")
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))
     listed = json.loads(conn.prefill_file.read_text())
     assert sorted(e["port"] for e in listed) == sorted(w.port for w in conn.workers()
