@@ -186,10 +186,15 @@ async def pd(tmp_path):
         await server.stop()
 
 
-async def interval(server: EppServer, ticks: ManualTicks, t: list[float]) -> None:
-    """Two ticks (sample, then sample + decide: interval 2, pulling 1), then wait for
-    the connector to carry the decision out."""
+async def interval(
+    server: EppServer, ticks: ManualTicks, t: list[float], load: Callable[[], bool], what: str
+) -> None:
+    """Two ticks (sample, then sample + decide: interval 2, pulling 1), each taken only
+    once `load()` holds, so every sample of the interval shows the load (a queue read
+    at a lucky instant cannot flip the decision); then wait for the connector to carry
+    the decision out."""
     for _ in range(2):
+        await wait_for(load, what)
         t[0] += 1.0
         await asyncio.to_thread(ticks.advance, t[0])
     planner = server.planner
@@ -218,10 +223,12 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
     t = [0.0]
 
     # ---- prefill-heavy load: prefill scales up, decode does not ---------------
+    # The window opens before the load (first queue sample 0); the next two samples are
+    # taken with ≥ 3 waiting: mean ≥ (0 + 3 + 3) / 3 = 2 > 0.5 per replica, and LOAD-v0's
+    # trend last + (last − first) × 3 ≥ 3 + 3 × 3 = 12 > 0.5.
+    await asyncio.to_thread(ticks.advance, t[0])
     async with Load(url, 6, prefill_body) as load:
-        await wait_for(lambda: waiting(server, P) >= 3, "a prefill queue to form")
-        await asyncio.to_thread(ticks.advance, t[0])  # the first tick opens the window
-        await interval(server, ticks, t)
+        await interval(server, ticks, t, lambda: waiting(server, P) >= 3, "a prefill queue")
         decision = server.planner.decisions[-1]
         assert decision.target(P) == 2 and decision.target(D) == 1, decision.reason
         assert conn.replicas()[P].ready == 2 and conn.replicas()[D].ready == 1
@@ -236,11 +243,11 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
 
     # ---- decode-heavy load: decode scales up, prefill does not ----------------
     async with Load(url, 24, decode_body) as load:
-        await wait_for(lambda: waiting(server, D) >= 12, "a decode queue to form")
-        # an interval whose ready counts changed (prefill 1 → 2 above) is skipped, so
+        # each sample with ≥ 16 waiting on the one decode replica: 0.02 × 16 = 0.32 > 0.3.
+        # An interval whose ready counts changed (prefill 1 → 2 above) is skipped, so
         # allow a few; prefill may shrink meanwhile (its queue is 0) but never grows
         for _ in range(4):
-            await interval(server, ticks, t)
+            await interval(server, ticks, t, lambda: waiting(server, D) >= 16, "a decode queue")
             d = server.planner.decisions[-1]
             assert d.target(P) <= 2, d.reason
             if d.target(D) == 2:
