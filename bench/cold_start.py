@@ -7,6 +7,9 @@ times it at the client: hold in the EPP + process start + health check + scrape 
 request itself. Prints every round and the median.
 
     .venv/bin/python bench/cold_start.py --rounds 5
+    .venv/bin/python bench/cold_start.py --rounds 2 --cold-start-timeout 900 --command \
+      "/work/venv-vllm/bin/python scripts/vllm/serve.py --model \
+       /work/venv-vllm/models/tiny-llama --served-model-name tiny --port {port}"
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from epp.planner.types import Role
 from epp.serve import EppServer, ServeOptions
 
 
-async def main(rounds: int, command: str) -> None:
+async def main(rounds: int, command: str, cold_start_timeout: float) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="epp-cold-"))
     cfg = load_planner_file(
         f'mode: load\nmin-endpoint: 0\nmin-gpu-budget: 0\nworker-command: "{command}"\n'
-        f'statefile: "{tmp}/state.json"\n'
+        f'statefile: "{tmp}/state.json"\ncold-start-timeout: {cold_start_timeout}\n'
+        f"worker-ready-timeout: {cold_start_timeout}\n"
     )
     opts = ServeOptions(host="127.0.0.1", grpc_port=0, health_port=0, metrics_port=0,
                         planner=cfg, pool_name="cold")  # fmt: skip
@@ -47,7 +51,8 @@ async def main(rounds: int, command: str) -> None:
         )
         body = {"model": "tiny", "prompt": "wake up", "max_tokens": 5}
         times = []
-        async with aiohttp.ClientSession() as session:
+        timeout = aiohttp.ClientTimeout(total=cold_start_timeout + 60)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
             for i in range(rounds):
                 await conn.set_replicas(Role.AGGREGATED, 0)
                 await conn.settle()
@@ -66,5 +71,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--command", default="epp sim --port {port}")
+    p.add_argument(
+        "--cold-start-timeout", type=float, default=60,
+        help="seconds the first request may wait (and a replica may take to be healthy)",
+    )  # fmt: skip
     a = p.parse_args()
-    asyncio.run(main(a.rounds, a.command))
+    asyncio.run(main(a.rounds, a.command, a.cold_start_timeout))

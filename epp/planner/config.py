@@ -215,6 +215,15 @@ class BeyondParams:
 ENVIRONMENTS = ("local", "virtual", "kubernetes")
 
 
+# llm-d's routing sidecar sits on the port the pool lists, in front of its decode server
+# (llm-d-routing-sidecar, `--port` / `--vllm-port`); `epp sidecar` is this project's.
+DEFAULT_SIDECAR_COMMAND = (
+    "epp sidecar --host {host} --port {port} --decode-url http://{host}:{decode_port} "
+    "--allow-from-endpoints {prefill_endpoints}"
+)
+SIDECAR_FIELDS = ("host", "port", "decode_port", "name", "role", "prefill_endpoints")
+
+
 @dataclass(frozen=True)
 class LiveParams:
     """The live side inside `epp serve --planner` (the replay ignores it): which
@@ -263,6 +272,14 @@ class LiveParams:
     decode_worker_command: str | None = param(
         None, doc="command for one decode replica (disaggregated pools; required there)"
     )
+    decode_sidecar_command: str | None = param(
+        DEFAULT_SIDECAR_COMMAND,
+        doc="disaggregated pools: the P/D sidecar started beside each decode replica, in its "
+        "process group; the pool lists the sidecar's {port}, the decode command gets its own "
+        "port as {port} and the sidecar gets it as {decode_port}; {prefill_endpoints} is the "
+        "file the connector keeps listing the prefill replicas (the sidecar's allowlist). "
+        "null: no sidecar, the decode server is listed directly",
+    )
     worker_host: str = param("127.0.0.1", doc="address the replicas bind and the EPP routes to")
     worker_health_path: str = param(
         "/health", doc="a replica joins the pool once GET on this path answers 200"
@@ -291,7 +308,9 @@ class LiveParams:
         1000, min=1, doc="with min-endpoint 0: most requests waiting for a first replica"
     )
     log_dir: str | None = param(
-        None, doc="directory for decisions.jsonl, one line per decision (null: no file)"
+        None,
+        doc="directory for decisions.jsonl, one line per decision, and, with the tensorboard "
+        "extra installed, TensorBoard event files of the same (null: no file)",
     )
 
     def workload_for(self, role: Role) -> str | None:
@@ -394,6 +413,16 @@ def check_live(cfg: PlannerConfig) -> None:
         if not cfg.live.command_for(role):
             key = f"{role.value}-worker-command"
             raise ConfigError(key, f"a {cfg.planner.pool} pool needs {key} (the live planner)")
+    sidecar = cfg.live.decode_sidecar_command
+    if Role.DECODE in cfg.roles and sidecar is not None:
+        try:
+            sidecar.format(**dict.fromkeys(SIDECAR_FIELDS, "x"))
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(
+                "decode-sidecar-command",
+                f"{sidecar!r}: unknown placeholder {e}; it may use "
+                + ", ".join("{" + f + "}" for f in SIDECAR_FIELDS),
+            ) from None
 
 
 def parse_planner_config(raw: Any) -> PlannerConfig:

@@ -10,6 +10,10 @@ request loop.
                         → connectors.base.apply(connector, decision) on the server's
                           loop (run_coroutine_threadsafe); skipped with no-operation
 
+Standalone (`epp planner --prometheus URL`), an `ObservationSource` replaces the
+datastore and the hand-over queue: pool samples and the interval's request statistics
+come from Prometheus (`source.py`); an interval it cannot read is not decided on.
+
 The tick source is injected: `ClockTicks` sleeps on the wall clock (and can be woken
 early), `ManualTicks` is advanced by hand in tests (no sleeps, no timing). The
 datastore is read from this thread: its snapshot is a list of immutable views and its
@@ -20,20 +24,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from epp.datastore import Datastore
 from epp.observability import PLANNER_DROPPED
 from epp.planner.connectors.base import Connector, apply
 from epp.planner.record import DecisionRecorder
+from epp.planner.source import SourceError
 from epp.planner.types import Decision, EndpointLoad, Policy
-from epp.planner.window import IntervalWindow, RequestRecord
+from epp.planner.window import IntervalWindow, PoolSample, RequestRecord
 from epp.roles import pool_samples, role_of
 
 log = logging.getLogger("epp.planner")
@@ -49,6 +55,17 @@ class Ticks(Protocol):
         """Tick now rather than at the next period (a request waits on an empty pool)."""
 
     def close(self) -> None: ...
+
+
+class ObservationSource(Protocol):
+    """Where a planner outside the EPP reads what the EPP would have told it
+    (`source.PrometheusSource`); both raise `SourceError` when they cannot."""
+
+    def pool_samples(self) -> list[PoolSample]: ...
+
+    def requests(self, interval_s: float) -> dict[str, Any]:
+        """Observation fields (arrivals, completions, Stats) over the last interval."""
+        ...
 
 
 class ClockTicks:
@@ -117,6 +134,7 @@ class PlannerThread:
         *,
         no_operation: bool = False,
         queue_cap: int = QUEUE_CAP,
+        source: ObservationSource | None = None,
     ) -> None:
         self.policy = policy
         self.datastore = datastore
@@ -125,6 +143,7 @@ class PlannerThread:
         self.ticks = ticks
         self.recorder = recorder
         self.no_operation = no_operation
+        self.source = source
         self._news: queue.Queue[RequestRecord | int] = queue.Queue(queue_cap)
         self.dropped = 0
         self._dropped_logged = 0
@@ -193,7 +212,7 @@ class PlannerThread:
             self._next_adjust = now + self.policy.interval_s
         self._drain_news()
         if now >= self._next_sample:
-            self.window.sample(pool_samples(self.datastore.snapshot()))
+            self.window.sample(self._pool_samples())
             self._next_sample = now + self.policy.sample_interval_s
         if now < self._next_adjust:
             return None
@@ -208,6 +227,12 @@ class PlannerThread:
             if s.name in ready
         ]
         obs = self.window.close(now, self.connector.replicas(), endpoints)
+        if self.source is not None:
+            try:
+                obs = dataclasses.replace(obs, **self.source.requests(self.policy.interval_s))
+            except SourceError as e:
+                log.warning("planner: no decision for this interval: %s", e)
+                return None
         decision = self.policy.step(now, obs)
         self.decisions.append(decision)
         self.recorder.record(decision, obs)
@@ -217,6 +242,15 @@ class PlannerThread:
                 apply(self.connector, decision), self.loop
             )
         return decision
+
+    def _pool_samples(self) -> list[PoolSample]:
+        if self.source is None:
+            return pool_samples(self.datastore.snapshot())
+        try:
+            return self.source.pool_samples()
+        except SourceError as e:
+            log.warning("planner: pool load not sampled: %s", e)
+            return []
 
     def _drain_news(self) -> None:
         assert self.window is not None
@@ -249,6 +283,7 @@ def build_live_planner(
     *,
     pool: str = "default",
     ticks: Ticks | None = None,
+    source: ObservationSource | None = None,
 ) -> PlannerThread:
     """The policy the planner file's `mode` picks, the connector its `environment`
     picks (local, virtual or kubernetes), the recorder its `log-dir` names, behind one thread."""
@@ -285,6 +320,7 @@ def build_live_planner(
         ticks or ClockTicks(policy.sample_interval_s),
         recorder,
         no_operation=config.planner.no_operation,
+        source=source,
     )
 
 

@@ -3,12 +3,15 @@ the planner gauges of `epp.observability` (replicas per role, predicted and obse
 load, the decision's diagnostics such as correction factors, GPU-seconds held).
 
 The line carries what was decided, why, and what the interval looked like, so a
-decision can be checked afterwards without the EPP's logs.
+decision can be checked afterwards without the EPP's logs. With the `tensorboard`
+package installed, `log-dir` also gets TensorBoard event files (`tensorboard.py`), as
+seed 002's planner writes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,7 +25,10 @@ from epp.observability import (
     PLANNER_PREDICTED_REQUESTS,
     PLANNER_REPLICAS,
 )
+from epp.planner.tensorboard import open_writer, scalars
 from epp.planner.types import Decision, Observation, Role, Stats
+
+log = logging.getLogger("epp.planner")
 
 
 def _num(x: float) -> float | None:
@@ -72,11 +78,17 @@ class DecisionRecorder:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._events = open_writer(self.path.parent) if self.path is not None else None
+        if self.path is not None and self._events is None:
+            log.info("planner: no tensorboard package, so %s gets no event files "
+                     "(pip install 'epp[tensorboard]')", self.path.parent)  # fmt: skip
 
     def record(self, decision: Decision, obs: Observation) -> None:
         if self._file is not None:
             self._file.write(json.dumps(decision_line(decision, obs)) + "\n")
             self._file.flush()
+        if self._events is not None:
+            self._events.write(scalars(decision, obs, self.gpus))
         changed = False
         for role, n in decision.targets.items():
             have = obs.replicas_of(role)
@@ -97,3 +109,6 @@ class DecisionRecorder:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None

@@ -24,7 +24,9 @@ from epp.datalayer.endpoints_file import EndpointsError, load_endpoints_file
 
 log = logging.getLogger("epp.sidecar")
 
-_RECHECK_S = 1.0
+# how often (at most) the allowlist file is stat-ed for changes; the planner's local
+# connector waits this long before routing to a prefill replica it just listed
+ALLOWLIST_RECHECK_S = 1.0
 
 
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
@@ -154,7 +156,7 @@ class Allowlist:
         if self._file is None:
             return
         now = self._clock()
-        if now - self._checked_at < _RECHECK_S:
+        if now - self._checked_at < ALLOWLIST_RECHECK_S:
             return
         self._checked_at = now
         stat = _stat(self._file)

@@ -1,6 +1,7 @@
 """`epp demo` prints its table and verdict, and leaves no process behind, also on Ctrl-C."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,24 +89,35 @@ def test_demo_ctrl_c_stops_every_process():
     assert wait_gone(marker) == []
 
 
-def test_planner_demo_replays_a_trace_and_ends_with_the_verdict(tmp_path):
-    # 120 arrivals over 60 s of trace (2/s), 20 output tokens each; 10× faster: 6 s
+def test_planner_demo_replays_a_trace_scales_up_then_down_and_ends_with_the_verdict(tmp_path):
+    # 80 arrivals over 40 s of trace (2/s), 20 output tokens each; 10× faster: 20/s for
+    # 4 s. One demo replica (2 at a time, 8 ms per token: 20 × 8 ms = 0.16 s each) serves
+    # at most 2 / 0.16 = 12.5/s, so a queue builds by 7.5/s (≥ 5 waiting within the first
+    # 2 s interval: 0.02 × 5 = 0.1, the demo's scale-up threshold) and the planner adds
+    # replicas; after the slice there is no traffic, so it drains them back to one
+    # (--cooldown bounds only a broken run).
     trace = tmp_path / "trace.jsonl"
     trace.write_text(
         "".join(
             f'{{"timestamp": {i * 500}, "input_length": 64, "output_length": 20}}\n'
-            for i in range(120)
+            for i in range(80)
         )
     )
     env, marker = demo_env()
     argv = [sys.executable, "-m", "epp.cli", "demo", "--planner", "--trace", str(trace),
-            "--trace-seconds", "60", "--speedup", "10", "--sample", "1",
-            "--png", str(tmp_path / "t.png")]  # fmt: skip
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
+            "--trace-seconds", "40", "--speedup", "10", "--sample", "1", "--interval", "2",
+            "--cooldown", "240", "--png", str(tmp_path / "t.png")]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=420, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("replaying 120 requests (60 s of trace in 6 s)")
-    assert lines[-1].startswith("planner demo: 0 failed requests of 120; ")
+    assert lines[0].startswith("replaying 80 requests (40 s of trace in 4 s)")
+    # the timeline: replicas rise during the slice and fall after it
+    replicas = [int(x.split()[1]) for x in lines if re.match(r"^ +\d+ +\d+ ", x)]
+    peak = max(replicas)
+    assert peak >= 2 and replicas[-1] == 1, r.stdout
+    assert replicas.index(peak) < len(replicas) - 1 - replicas[::-1].index(1)
+    assert lines[-2] == f"replicas: peak {peak}, then down to 1"
+    assert lines[-1].startswith("planner demo: 0 failed requests of 80; ")
     assert "GPU-hours vs" in lines[-1]
     assert (tmp_path / "t.png").stat().st_size > 0
     assert wait_gone(marker) == []

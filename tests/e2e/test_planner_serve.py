@@ -62,7 +62,9 @@ def _adopt_then_stop(pg: ProcessGroup, cfg: Path, statefile: Path, ready: LogRea
     first.popen.wait(timeout=10)
     assert runs(worker.pid)  # the replica outlived it
 
-    second = pg.start("epp-2", [*argv(), "--planner", str(cfg)], ready=ready, timeout=180)
+    # ready once it serves (its signal handlers are set): a SIGTERM then drains
+    serving = LogReady(r"epp serving ext_proc")
+    second = pg.start("epp-2", [*argv(), "--planner", str(cfg)], ready=serving, timeout=180)
     assert f"adopted {worker.name} (pid {worker.pid}" in second.output()
     assert decode(statefile.read_text()) == [worker]  # nothing started twice
 

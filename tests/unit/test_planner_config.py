@@ -133,3 +133,18 @@ def test_docs_list_every_setting_with_its_default():
         shown = "null" if default is None else default
         shown = str(shown).lower() if isinstance(shown, bool) else shown
         assert f"| `{shown}` |" in rows[f"`{key}`"], key
+
+
+def test_a_sidecar_command_with_an_unknown_placeholder_is_one_clear_error():
+    from epp.planner.config import check_live
+
+    text = (
+        "pool: disaggregated\nprefill-worker-command: epp sim --port {port}\n"
+        "decode-worker-command: epp sim --port {port}\n"
+        "decode-sidecar-command: epp sidecar --port {port} --decode-port {decode}\n"
+    )
+    cfg = load_planner_file(text, "p.yaml")
+    with pytest.raises(ConfigError) as e:
+        check_live(cfg)
+    assert str(e.value).startswith("decode-sidecar-command:")
+    assert "unknown placeholder 'decode'" in str(e.value) and "{decode_port}" in str(e.value)

@@ -15,6 +15,21 @@ def test_round_trip():
     assert decode(encode(workers)) == workers
 
 
+def test_a_decode_replica_with_its_sidecar_round_trips():
+    rec = WorkerRecord(
+        "decode-1", Role.DECODE, 9001, 500, ("epp", "sim", "--port", "9002"), "/l/d1.log",
+        server_port=9002, sidecar_pid=501, sidecar_argv=("epp", "sidecar", "--port", "9001"),
+    )  # fmt: skip
+    assert decode(encode([rec])) == [rec]
+
+
+def test_a_file_written_before_sidecars_reads_as_replicas_without_one():
+    text = '{"version": 1, "workers": [{"name": "decode-0", "role": "decode", "port": 7, '
+    text += '"pid": 9, "argv": ["epp", "sim"]}]}'
+    (rec,) = decode(text)
+    assert (rec.server_port, rec.sidecar_pid, rec.sidecar_argv) == (0, 0, ())
+
+
 def test_empty():
     assert decode(encode([])) == []
 

@@ -10,6 +10,15 @@ from a command template per role (`epp sim --port {port}`, or a real vLLM comman
   Dynamo's SIGTERM drops them (#13559).
 - **Stop** (SIGTERM to the group, SIGKILL after a grace period), as
   `epp.harness.procs` does.
+- **P/D pools**: prefill and decode replicas from their own command templates, each
+  role scaled on its own. Each decode replica gets its `epp sidecar`
+  (`decode-sidecar-command`) in the decode server's process group, so one signal stops
+  both and neither is orphaned; the pool lists the sidecar's port. The sidecar may dial
+  only the prefill replicas this connector started: it reads them from a file the
+  connector rewrites atomically whenever a prefill replica starts or stops
+  (`--allow-from-endpoints`, re-checked by the sidecar at most every
+  `ALLOWLIST_RECHECK_S`), and a new prefill replica enters the datastore only once that
+  much time has passed since the file named it, so no sidecar refuses it (403).
 - **Statefile** (`statefile.py`), written atomically after every change. A restarted
   EPP adopts every recorded replica that still runs its recorded command and answers
   its health check; the others are forgotten (and killed if their group still lives).
@@ -23,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import shlex
@@ -42,6 +53,7 @@ from epp.planner.config import LiveParams
 from epp.planner.connectors.statefile import WorkerRecord, decode, encode
 from epp.planner.drain import Drain, DrainStep
 from epp.planner.types import Replicas, Role
+from epp.sidecar.allowlist import ALLOWLIST_RECHECK_S
 
 log = logging.getLogger("epp.planner.local")
 
@@ -55,7 +67,9 @@ class Worker:
     record: WorkerRecord
     state: str = STARTING
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)  # None: adopted
+    sidecar: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     task: asyncio.Task | None = field(default=None, repr=False)
+    listed_at: float = 0.0  # prefill: when the allowlist file first named it
 
     @property
     def name(self) -> str:
@@ -106,6 +120,10 @@ class LocalConnector:
         if missing:
             raise ValueError(f"no worker command for {', '.join(missing)} (config.check_live)")
         self.statefile = Path(os.path.expanduser(params.statefile.format(pool=pool)))
+        # the decode sidecars' allowlist: every prefill replica this connector started
+        self.prefill_file = self.statefile.with_name(f"{pool}-prefill-endpoints.yaml")
+        self._prefill_listed: tuple[tuple[str, int], ...] | None = None
+        self._listed_at = 0.0
         self.run_dir = Path(run_dir) if run_dir else self.statefile.parent / f"{pool}-logs"
         self.clock = clock
         self._workers: dict[str, Worker] = {}
@@ -139,6 +157,7 @@ class LocalConnector:
             timeout=aiohttp.ClientTimeout(total=2.0), trust_env=False
         )
         await self._adopt()
+        self._save()  # the statefile and, in a P/D pool, the sidecars' allowlist exist
 
     async def stop(self) -> None:
         """Stop every replica (clean exit: nothing is left behind) and clear the state."""
@@ -195,27 +214,46 @@ class LocalConnector:
     def _inflight(self, w: Worker) -> int:
         return self.datastore.inflight(w.name)[0]
 
+    def _sidecar_template(self, role: Role) -> str | None:
+        return self.params.decode_sidecar_command if role == Role.DECODE else None
+
     def _spawn(self, role: Role) -> Worker:
         name = f"{role.value}-{self._next}"
         self._next += 1
         host = self.params.worker_host
         port = free_port(host)
+        sidecar_template = self._sidecar_template(role)
+        own = port
+        if sidecar_template is not None:
+            while own == port:  # the decode server's own port, behind its sidecar
+                own = free_port(host)
         template = self.params.command_for(role) or ""
-        argv = resolve_argv(template, port=port, host=host, name=name, role=role.value)
+        argv = resolve_argv(template, port=own, host=host, name=name, role=role.value)
         log_path = self.run_dir / f"{name}.log"
-        with open(log_path, "wb") as out:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-            )
+        # its own process group; a sidecar joins it, which needs the EPP's session
+        # (setpgid never crosses sessions), so only a lone server gets a session of its own
+        popen = _popen(argv, log_path, start_new_session=sidecar_template is None,
+                       pgid=None if sidecar_template is None else 0)  # fmt: skip
         rec = WorkerRecord(name, role, port, popen.pid, tuple(argv), str(log_path))
         w = Worker(rec, STARTING, popen)
+        if sidecar_template is not None:
+            side_argv = resolve_argv(
+                sidecar_template, port=port, decode_port=own, host=host, name=name,
+                role=role.value, prefill_endpoints=self.prefill_file,
+            )  # fmt: skip
+            try:  # in the decode server's group: one killpg stops both
+                w.sidecar = _popen(side_argv, log_path.with_suffix(".sidecar.log"), pgid=popen.pid)
+            except (OSError, subprocess.SubprocessError) as e:  # the server died already
+                log.error("planner: cannot start the sidecar of %s: %s", name, e)
+            else:
+                rec = dataclasses.replace(
+                    rec, server_port=own, sidecar_pid=w.sidecar.pid, sidecar_argv=tuple(side_argv)
+                )
+                w.record = rec
         self._workers[name] = w
         self._save()
+        if role == Role.PREFILL:
+            w.listed_at = self._listed_at
         log.info("planner: starting %s on port %d (pid %d)", name, port, popen.pid)
         w.task = asyncio.create_task(self._await_ready(w))
         return w
@@ -224,13 +262,16 @@ class LocalConnector:
         deadline = self.clock() + self.params.worker_ready_timeout
         try:
             while True:
-                if w.popen is not None and w.popen.poll() is not None:
+                dead = next((p for p in (w.popen, w.sidecar) if p and p.poll() is not None), None)
+                if dead is not None or (self._sidecar_template(w.record.role) and not w.sidecar):
                     log.error(
                         "planner: %s exited with code %s before it was ready; see %s",
-                        w.name, w.popen.returncode, w.record.log,
+                        w.name, dead.returncode if dead else None, w.record.log,
                     )  # fmt: skip
                     break
                 if await self._healthy(w.record):
+                    # a new prefill replica waits until every sidecar re-read its allowlist
+                    await asyncio.sleep(max(0.0, w.listed_at + ALLOWLIST_RECHECK_S - self.clock()))
                     w.state = READY
                     self.datastore.add_endpoint(self._endpoint(w.record))
                     log.info("planner: %s ready", w.name)
@@ -295,21 +336,44 @@ class LocalConnector:
             await asyncio.sleep(_POLL_S)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        if w.popen is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(w.popen.wait, 5)
+        for p in (w.popen, w.sidecar):
+            if p is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(p.wait, 5)
 
     def _running(self, w: Worker) -> bool:
+        """Any process of the replica (server or sidecar) still runs."""
         if w.popen is not None:
-            return w.popen.poll() is None
-        return _runs(w.record.pid, w.record.argv)
+            return any(p.poll() is None for p in (w.popen, w.sidecar) if p is not None)
+        rec = w.record
+        return _runs(rec.pid, rec.argv) or bool(
+            rec.sidecar_pid and _runs(rec.sidecar_pid, rec.sidecar_argv)
+        )
 
     # ---- the statefile -----------------------------------------------------
     def _save(self) -> None:
         self.statefile.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.statefile.with_name(self.statefile.name + ".tmp")
-        tmp.write_text(encode([w.record for w in self._workers.values()]))
-        os.replace(tmp, self.statefile)
+        _write_atomically(self.statefile, encode([w.record for w in self._workers.values()]))
+        if Role.PREFILL in self.roles and Role.DECODE in self.roles:
+            self._save_prefill_list()
+
+    def _save_prefill_list(self) -> None:
+        """The decode sidecars' allowlist: every prefill replica started and not yet
+        stopped (an endpoints file, the shape `epp serve --endpoints` reads)."""
+        host = self.params.worker_host
+        listed = tuple(
+            sorted((w.name, w.record.port) for w in self._workers.values()
+                   if w.record.role == Role.PREFILL)
+        )  # fmt: skip
+        if listed == self._prefill_listed:
+            return
+        rows = [
+            {"name": n, "address": host, "port": port, "labels": {ROLE_LABEL: "prefill"}}
+            for n, port in listed
+        ]
+        _write_atomically(self.prefill_file, json.dumps(rows, indent=2) + "\n")
+        self._prefill_listed = listed
+        self._listed_at = self.clock()
 
     async def _adopt(self) -> None:
         if not self.statefile.exists():
@@ -326,7 +390,16 @@ class LocalConnector:
                     "planner: %s has role %s, not in this pool; left alone", rec.name, rec.role
                 )
                 continue
-            same = _runs(rec.pid, rec.argv)
+            server = _runs(rec.pid, rec.argv)
+            sidecar = not rec.sidecar_pid or _runs(rec.sidecar_pid, rec.sidecar_argv)
+            if rec.sidecar_pid and server != sidecar:
+                log.warning(
+                    "planner: %s has lost its %s; stopping the rest", rec.name,
+                    "sidecar" if server else "decode server",
+                )  # fmt: skip
+                await self._terminate(Worker(rec, DRAINING))
+                continue
+            same = server and sidecar
             if same and await self._healthy(rec):
                 self._workers[rec.name] = Worker(rec, READY)
                 self.datastore.add_endpoint(self._endpoint(rec))
@@ -337,6 +410,29 @@ class LocalConnector:
                 )
                 await self._terminate(Worker(rec, DRAINING))
         self._save()
+
+
+def _popen(
+    argv: list[str], log_path: Path, *, start_new_session: bool = False, pgid: int | None = None
+) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=start_new_session,
+            process_group=pgid,
+        )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Temporary file + rename: a reader sees the old text or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _suffix(name: str) -> int:

@@ -3,9 +3,13 @@ EPP adopts them instead of orphaning or duplicating them.
 
 Dynamo's local connector (LOAD-v0, seed 002, reference §6.3) kept
 `~/.dynamo/state/{namespace}.json` with each worker's command and resources. Here one
-JSON object: `{"version": 1, "workers": [{name, role, port, pid, argv, log}]}`.
+JSON object: `{"version": 1, "workers": [{name, role, port, pid, argv, log}]}`; a decode
+replica with its P/D sidecar also has `server_port` (the decode server's own port; `port`
+is the sidecar's, the one the pool lists), `sidecar_pid` and `sidecar_argv` (files
+without them read as replicas without a sidecar).
 A worker is adopted only if its pid is alive *and* runs the recorded argv (a reused pid
-runs something else) *and* it answers its health check; the connector checks that.
+runs something else), its sidecar likewise, *and* it answers its health check; the
+connector checks that.
 
 Pure: `encode`/`decode` only; the connector writes the text atomically
 (temporary file + rename), so a crash mid-write leaves the old state.
@@ -31,10 +35,17 @@ class WorkerRecord:
     pid: int
     argv: tuple[str, ...]
     log: str = ""
+    server_port: int = 0  # the model server's own port when a sidecar fronts it; else 0
+    sidecar_pid: int = 0  # 0: no sidecar
+    sidecar_argv: tuple[str, ...] = ()
 
 
 def encode(workers: Sequence[WorkerRecord]) -> str:
-    rows = [{**asdict(w), "role": w.role.value, "argv": list(w.argv)} for w in workers]
+    rows = [
+        {**asdict(w), "role": w.role.value, "argv": list(w.argv),
+         "sidecar_argv": list(w.sidecar_argv)}
+        for w in workers
+    ]  # fmt: skip
     return json.dumps({"version": VERSION, "workers": rows}, indent=2) + "\n"
 
 
@@ -53,6 +64,9 @@ def decode(text: str, source: str = "statefile") -> list[WorkerRecord]:
                 pid=int(w["pid"]),
                 argv=tuple(str(a) for a in w["argv"]),
                 log=str(w.get("log", "")),
+                server_port=int(w.get("server_port", 0)),
+                sidecar_pid=int(w.get("sidecar_pid", 0)),
+                sidecar_argv=tuple(str(a) for a in w.get("sidecar_argv", ())),
             )
             for w in raw["workers"]
         ]
