@@ -52,6 +52,7 @@ from epp.extproc.server import (
     start_grpc_servers,
 )
 from epp.limits import BodyLimits, HeaderLimits
+from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
 from epp.planner.loop import (
@@ -283,6 +284,7 @@ class EppServer:
 
 async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     async def metrics(_: web.Request) -> web.Response:
+        update_loop_tasks()
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
