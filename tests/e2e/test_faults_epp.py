@@ -41,28 +41,45 @@ async def until(cond, what: str, tries: int = 300) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
+@pytest.fixture(scope="module")
+def stack():
+    """One pool for the module: each test puts its own Envoy in front of the EPP."""
+    with LocalStack(n_sims=3, sim_args=SIM_ARGS) as st:
+        yield st
+
+
+async def envoy_for(st: LocalStack, name: str, grpc_port: int | None = None, **options):
+    """Another Envoy over the stack's EPP (shipped config unless `options` say otherwise)."""
+    assert st.pg is not None and st.envoy is not None
+    port = grpc_port or st.envoy.options.epp_grpc_port
+    opts = EnvoyOptions.loopback(port, st.envoy.options.epp_health_port, **options)
+    return await asyncio.to_thread(start_envoy, st.pg, opts, name=name, timeout=60)
+
+
 @pytest.mark.parametrize("failure_mode_allow", [False, True], ids=["fail-closed", "fail-open"])
 async def test_the_epp_restarted_under_load_costs_only_the_requests_it_touched(
-    failure_mode_allow: bool,
+    stack: LocalStack, failure_mode_allow: bool
 ):
-    envoy = {"failure_mode_allow": failure_mode_allow, "health_check_interval_s": 0.5}
-    with LocalStack(n_sims=3, sim_args=SIM_ARGS, envoy_options=envoy) as st:
-        loop = asyncio.get_running_loop()
-        load = Recorder(st.url, 4, BODY)
-        await load.wait_ok(20)
-        t_kill = loop.time()
-        await asyncio.to_thread(st.kill_epp)
-        t_dead = loop.time()
-        await asyncio.sleep(1.0)  # down: requests keep arriving
-        t_restart = loop.time()
-        await asyncio.to_thread(st.restart_epp)
-        t_up = loop.time()  # the new EPP logged that it serves
-        await load.wait_ok(20, after=t_up)
-        outcomes = await load.finish()
-        await until(
-            lambda: all(r["inflight_requests"] == 0 for r in debug_endpoints(st)),
-            "the restarted EPP's in-flight counts at 0",
-        )
+    st = stack
+    envoy = await envoy_for(
+        st, f"envoy-restart-{failure_mode_allow}", failure_mode_allow=failure_mode_allow
+    )
+    loop = asyncio.get_running_loop()
+    load = Recorder(envoy.url, 4, BODY)
+    await load.wait_ok(8)
+    t_kill = loop.time()
+    await asyncio.to_thread(st.kill_epp)
+    t_dead = loop.time()
+    await asyncio.sleep(1.0)  # down: requests keep arriving
+    t_restart = loop.time()
+    await asyncio.to_thread(st.restart_epp)
+    t_up = loop.time()  # the new EPP logged that it serves
+    await load.wait_ok(8, after=t_up)
+    outcomes = await load.finish()
+    await until(
+        lambda: all(r["inflight_requests"] == 0 for r in debug_endpoints(st)),
+        "the restarted EPP's in-flight counts at 0",
+    )
 
     failed = [o for o in outcomes if not o.ok]
     recovered = next(o for o in outcomes if o.ok and o.start > t_restart)
@@ -84,28 +101,25 @@ async def test_the_epp_restarted_under_load_costs_only_the_requests_it_touched(
     )
 
 
-async def test_a_reset_grpc_connection_costs_only_the_streams_open_on_it():
-    with LocalStack(n_sims=3, sim_args=SIM_ARGS) as st:
-        assert st.pg is not None and st.envoy is not None
-        loop = asyncio.get_running_loop()
-        proxy = await ResettableProxy(st.envoy.options.epp_grpc_port).start()
-        try:
-            options = EnvoyOptions.loopback(proxy.port, st.envoy.options.epp_health_port)
-            envoy = await asyncio.to_thread(
-                start_envoy, st.pg, options, name="envoy-via-proxy", timeout=60
-            )
-            load = Recorder(envoy.url, 6, STREAM_BODY)
-            await load.wait_ok(12)
-            t_reset = loop.time()
-            cut = proxy.reset()
-            await load.wait_ok(12, after=t_reset)
-            outcomes = await load.finish()
-        finally:
-            await proxy.stop()
-        await until(
-            lambda: all(r["inflight_requests"] == 0 for r in debug_endpoints(st)),
-            "in-flight counts at 0 after the reset",
-        )
+async def test_a_reset_grpc_connection_costs_only_the_streams_open_on_it(stack: LocalStack):
+    st = stack
+    assert st.envoy is not None
+    loop = asyncio.get_running_loop()
+    proxy = await ResettableProxy(st.envoy.options.epp_grpc_port).start()
+    try:
+        envoy = await envoy_for(st, "envoy-via-proxy", grpc_port=proxy.port)
+        load = Recorder(envoy.url, 6, STREAM_BODY)
+        await load.wait_ok(6)
+        t_reset = loop.time()
+        cut = proxy.reset()
+        await load.wait_ok(6, after=t_reset)
+        outcomes = await load.finish()
+    finally:
+        await proxy.stop()
+    await until(
+        lambda: all(r["inflight_requests"] == 0 for r in debug_endpoints(st)),
+        "in-flight counts at 0 after the reset",
+    )
 
     failed = [o for o in outcomes if not o.ok]
     open_at_reset = [o for o in outcomes if o.start < t_reset < o.end]
