@@ -19,9 +19,11 @@ those, e.g. `... SharedPrefixChat LongPrompt`):
 
 Every streamed request also records, as locust metrics of request type `METRIC` (they
 appear in the CSV, the HTML report and the console like requests):
-`TTFT` (request sent → first chunk carrying a token, ms) and `ITL` (the mean gap between
-later token chunks of that request, ms). A streamed response that is not 200, carries an
-`error` event or never ends with `[DONE]` is a failure.
+`TTFT` (request sent → first chunk carrying a token, ms), `ITL` (the mean gap between
+later token chunks of that request, ms) and `E2E` (request sent → last token, ms). For a
+streamed request locust's own response time (its POST row) ends at the response headers.
+A streamed response that is not 200, carries an `error` event or never ends with
+`[DONE]` is a failure.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ def stream(user: HttpUser, path: str, body: dict[str, Any], name: str) -> None:
             return
         r.success()
     record(user, "TTFT", (token_times[0] - start) * 1000)
+    record(user, "E2E", (token_times[-1] - start) * 1000)
     if len(token_times) > 1:
         itl = (token_times[-1] - token_times[0]) / (len(token_times) - 1)
         record(user, "ITL", itl * 1000)

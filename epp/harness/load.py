@@ -5,15 +5,15 @@
 starts the stack of `epp.harness.localstack`, runs `loadtest/locustfile.py` against its
 Envoy for a bounded time, and leaves in `--out`: `report.html` (locust's HTML report),
 `locust_stats.csv` / `locust_stats_history.csv` / `locust_failures.csv` /
-`locust_exceptions.csv` (its CSV), `summary.json` (what this module read back from the
-CSV), and `logs/` (every process's output). Exit status 0 only if requests were made,
+`locust_exceptions.csv` (its CSV, rewritten once a second while it runs),
+`locust_final.json` (its final statistics), `summary.json` (what this module read back
+from them), and `logs/` (every process's output). Exit status 0 only if requests were made,
 none failed, and TTFT was recorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -52,7 +52,8 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class StatRow:
-    """One row of locust's `_stats.csv` (times in ms)."""
+    """One entry of locust's statistics (times in ms): type POST, or METRIC for the
+    locustfile's derived TTFT / ITL / E2E samples."""
 
     type: str
     name: str
@@ -79,7 +80,7 @@ class LoadSummary:
 
     @property
     def failures(self) -> int:
-        return sum(r.failures for r in self.rows if r.type != "")
+        return sum(r.failures for r in self.rows)
 
     def problems(self) -> list[str]:
         """Why this run is not a pass (empty: it is)."""
@@ -96,29 +97,47 @@ class LoadSummary:
         return out
 
 
-def _num(raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:  # locust writes "N/A" for percentiles of an empty row
-        return 0.0
+def percentile(response_times: dict[int, int], n: int, q: float) -> float:
+    """The response time `q` of the `n` requests finished within, from locust's histogram
+    (ms → count): locust's own rule (`locust/stats.py`, calculate_response_time_percentile),
+    so the figures match its report."""
+    target = int(n * q)
+    seen = 0
+    for ms in sorted(response_times, reverse=True):
+        seen += response_times[ms]
+        if n - seen <= target:
+            return float(ms)
+    return 0.0
 
 
-def read_stats(path: Path) -> list[StatRow]:
-    """Locust's `<prefix>_stats.csv`: one row per (type, name), then "Aggregated"."""
-    with path.open(newline="") as f:
-        return [
+def read_final_stats(path: Path) -> list[StatRow]:
+    """Locust's `--json-file` output: its final statistics, one entry per (type, name).
+
+    Read instead of `_stats.csv`, which locust rewrites once a second while it runs and
+    so can miss the requests that ended during the last second and the stop timeout.
+    """
+    entries = json.loads(path.read_text())
+    # rates over the whole run (first request of any kind to the last), as locust's report
+    start = min((e["start_time"] for e in entries), default=0.0)
+    end = max((e["last_request_timestamp"] or 0.0 for e in entries), default=0.0)
+    span = end - start
+    rows = []
+    for e in entries:
+        times = {int(ms): int(count) for ms, count in e["response_times"].items()}
+        n = e["num_requests"]
+        rows.append(
             StatRow(
-                type=row["Type"],
-                name=row["Name"],
-                requests=int(row["Request Count"]),
-                failures=int(row["Failure Count"]),
-                median_ms=_num(row["Median Response Time"]),
-                p95_ms=_num(row["95%"]),
-                p99_ms=_num(row["99%"]),
-                rps=_num(row["Requests/s"]),
+                type=e["method"] or "",
+                name=e["name"],
+                requests=n,
+                failures=e["num_failures"],
+                median_ms=percentile(times, n, 0.5),
+                p95_ms=percentile(times, n, 0.95),
+                p99_ms=percentile(times, n, 0.99),
+                rps=n / span if span > 0 else 0.0,
             )
-            for row in csv.DictReader(f)
-        ]
+        )
+    return sorted(rows, key=lambda r: (r.type, r.name))
 
 
 def locust_argv(host: str, options: LoadOptions) -> list[str]:
@@ -129,6 +148,7 @@ def locust_argv(host: str, options: LoadOptions) -> list[str]:
         "-u", str(options.users), "-r", str(options.spawn_rate),
         "-t", f"{options.run_time_s}s", "--stop-timeout", "30",
         "--csv", str(out / "locust"), "--csv-full-history", "--html", str(out / "report.html"),
+        "--json-file", str(out / "locust_final"),
         "--only-summary", "--loglevel", "WARNING",
         "--lora-adapters", ",".join(LORA_ADAPTERS),
         *options.locust_args, *options.user_classes,
@@ -151,7 +171,7 @@ def run(options: LoadOptions) -> LoadSummary:
                 argv, stdout=log, stderr=subprocess.STDOUT, timeout=options.run_time_s + 120
             )
     summary = LoadSummary(
-        rows=read_stats(options.out_dir / "locust_stats.csv"),
+        rows=read_final_stats(options.out_dir / "locust_final.json"),
         locust_exit=done.returncode,
         out_dir=str(options.out_dir),
     )

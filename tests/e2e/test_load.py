@@ -25,16 +25,19 @@ def test_a_short_locust_run_makes_every_workload_without_failures_and_records_tt
 
     assert summary.problems() == [], summary.problems()
     posts = {r.name: r for r in summary.rows if r.type == "POST"}
-    # every workload made requests, none failed
-    lora = [f"lora:{m}" for m in ("tiny", *LORA_ADAPTERS)]
-    assert set(posts) == {"chat", "long-prompt", "stream", *lora}, sorted(posts)
+    # every workload made requests (each user's first task runs to its end: --stop-timeout),
+    # none failed; LoRA users take the models in turn (how many turns fit in 6 s varies)
+    lora = {f"lora:{m}" for m in ("tiny", *LORA_ADAPTERS)}
+    assert {"chat", "long-prompt", "stream"} <= set(posts), sorted(posts)
+    assert set(posts) - {"chat", "long-prompt", "stream"} <= lora, sorted(posts)
+    assert set(posts) & lora, sorted(posts)
     assert all(r.requests > 0 and r.failures == 0 for r in posts.values()), posts
     # TTFT for every streamed request (chat, long-prompt, stream and half of LoRA's);
     # ITL for those with more than one token chunk (the 64-token streams at least)
     ttft, itl = summary.row("METRIC", "TTFT"), summary.row("METRIC", "ITL")
     assert ttft is not None and itl is not None
     streamed = sum(posts[n].requests for n in ("chat", "long-prompt", "stream"))
-    assert streamed <= ttft.requests <= streamed + sum(posts[n].requests for n in lora)
+    assert streamed <= ttft.requests <= streamed + sum(posts[n].requests for n in lora & set(posts))
     assert itl.requests >= posts["stream"].requests > 0
     assert ttft.median_ms > 0
     html = (tmp_path / "report.html").read_text()
