@@ -42,8 +42,10 @@ from epp.harness.localstack import LocalStack
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "prefix-aware.yaml"
 # 3 servers, 2 running requests each, 10 ms per output token: ~0.5 s per 48-token request,
-# so the pool's capacity is ~3 × 2 / 0.5 = 12 requests/s, low enough that the EPP, Envoy
-# and the client stay well inside the 2 shared cores and the servers are the bottleneck.
+# so the servers alone could do ~3 x 2 / 0.5 = 12 requests/s; on a busy machine the ramp
+# finds a lower limit (the CPU's: 2.4 requests/s at a load average of 20-30 on 2 cores),
+# which is the capacity that counts. A 16,384-token KV cache (1,024 blocks per server)
+# makes the prefix index reach its bound (3 x 1,024 entries) within minutes.
 SIM_ARGS = (
     "--max-num-seqs", "2", "--decode-ms-per-token", "10", "--prefill-ms-per-token", "0.01",
     "--kv-capacity-tokens", "16384",
