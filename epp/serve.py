@@ -33,6 +33,7 @@ from epp.datalayer.endpoints_file import (
     parse_endpoint_args,
     watch_endpoints_file,
 )
+from epp.datalayer.first_scrape import await_first_scrape
 from epp.datalayer.k8s_discovery import (
     KubeConfigError,
     KubernetesDiscovery,
@@ -171,6 +172,8 @@ class EppServer:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
             )
+        if self.scraper is not None:
+            await self._first_scrape()
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
             self.director,
             self.datastore,
@@ -211,6 +214,18 @@ class EppServer:
             )
         self.planner = planner
         await start_live_planner(planner, cfg.budget.min_endpoint)
+
+    async def _first_scrape(self) -> None:
+        """Take no request before each endpoint's first scrape (bounded): see
+        `epp.datalayer.first_scrape`."""
+        cfg = self._scrape_config()
+        pending = await await_first_scrape(self.datastore, cfg.timeout + cfg.interval)
+        if pending:
+            log.warning(
+                "serving before the first scrape of %d endpoint(s) finished: %s",
+                len(pending),
+                ", ".join(pending[:5]),
+            )
 
     def _scrape_config(self) -> ScrapeConfig:
         """Scrape settings from the flags plus the config's data-layer plugins, if any."""
