@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint fmt bench clean proto fuzz audit
+.PHONY: demo test lint fmt bench clean proto fuzz audit load soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collected nothing: that must fail, not pass.
 test: $(STAMP)
-	$(BIN)/ruff check epp plugins tests bench
+	$(BIN)/ruff check epp plugins tests bench loadtest
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
@@ -35,13 +35,31 @@ fuzz: $(STAMP)
 audit: $(STAMP)
 	$(BIN)/pip-audit --local --skip-editable --progress-spinner off --strict
 
+# locust against a local pool (3 sims, `epp serve` with config/prefix-aware.yaml, Envoy) for
+# LOAD_SECONDS; report in $(LOAD_OUT)/report.html and $(LOAD_OUT)/locust_*.csv
+# (loadtest/locustfile.py; any other gateway: run locust on it directly).
+LOAD_USERS ?= 16
+LOAD_SECONDS ?= 60
+LOAD_OUT ?= load-report
+load: $(STAMP)
+	$(BIN)/python -m epp.harness.load --users $(LOAD_USERS) --run-time $(LOAD_SECONDS) \
+	  --out $(LOAD_OUT)
+
+# The soak (not part of `make test`): capacity from a short ramp, then SOAK_MINUTES at 70 %
+# of it with the prefix-aware config; EPP RSS, open fds, asyncio tasks and prefix index size
+# sampled and plotted in $(SOAK_OUT)/soak.png. Result: docs/RELIABILITY.md.
+SOAK_MINUTES ?= 30
+SOAK_OUT ?= soak-report
+soak: $(STAMP)
+	nice -n 10 $(BIN)/python -m epp.harness.soak --minutes $(SOAK_MINUTES) --out $(SOAK_OUT)
+
 lint: $(STAMP)
-	$(BIN)/ruff check epp plugins tests bench
-	$(BIN)/ruff format --check epp plugins tests bench
+	$(BIN)/ruff check epp plugins tests bench loadtest
+	$(BIN)/ruff format --check epp plugins tests bench loadtest
 
 fmt: $(STAMP)
-	$(BIN)/ruff format epp plugins tests bench
-	$(BIN)/ruff check --fix epp plugins tests bench
+	$(BIN)/ruff format epp plugins tests bench loadtest
+	$(BIN)/ruff check --fix epp plugins tests bench loadtest
 
 bench: $(STAMP)
 	$(BIN)/python bench/scheduler.py

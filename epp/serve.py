@@ -33,6 +33,7 @@ from epp.datalayer.endpoints_file import (
     parse_endpoint_args,
     watch_endpoints_file,
 )
+from epp.datalayer.first_scrape import await_first_scrape
 from epp.datalayer.k8s_discovery import (
     KubeConfigError,
     KubernetesDiscovery,
@@ -55,6 +56,7 @@ from epp.extproc.server import (
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
+from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
 from epp.planner.loop import (
@@ -185,6 +187,8 @@ class EppServer:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
             )
+        if self.scraper is not None:
+            await self._first_scrape()
         main, health_srv, servicer, health, gport, hport = await start_grpc_servers(
             self.director,
             self.datastore,
@@ -225,6 +229,18 @@ class EppServer:
             )
         self.planner = planner
         await start_live_planner(planner, cfg.budget.min_endpoint)
+
+    async def _first_scrape(self) -> None:
+        """Take no request before each endpoint's first scrape (bounded): see
+        `epp.datalayer.first_scrape`."""
+        cfg = self._scrape_config()
+        pending = await await_first_scrape(self.datastore, cfg.timeout + cfg.interval)
+        if pending:
+            log.warning(
+                "serving before the first scrape of %d endpoint(s) finished: %s",
+                len(pending),
+                ", ".join(pending[:5]),
+            )
 
     def _scrape_config(self) -> ScrapeConfig:
         """Scrape settings from the flags plus the config's data-layer plugins, if any."""
@@ -298,6 +314,7 @@ class EppServer:
 
 async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     async def metrics(_: web.Request) -> web.Response:
+        update_loop_tasks()
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

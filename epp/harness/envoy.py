@@ -70,6 +70,9 @@ class EnvoyOptions:
     response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
     # None keeps the file's value; tests shorten it so a restarted EPP is seen healthy sooner.
     health_check_interval_s: float | None = None
+    # The ext_proc filter's failure_mode_allow (the file ships false; see its header for
+    # what 1.40 does with true). Set by the fault tests that compare the two.
+    failure_mode_allow: bool = False
 
     @classmethod
     def loopback(cls, epp_grpc_port: int, epp_health_port: int, **kw: Any) -> EnvoyOptions:
@@ -131,6 +134,7 @@ def render(options: EnvoyOptions, template: dict[str, Any] | None = None) -> dic
     )
     ext_proc = _named(_http_filters(listener), EXT_PROC_FILTER, "http filter")["typed_config"]
     ext_proc["processing_mode"] = options.processing_mode
+    ext_proc["failure_mode_allow"] = options.failure_mode_allow
 
     clusters = config["static_resources"]["clusters"]
     _point_ext_proc_cluster(_named(clusters, EXT_PROC_CLUSTER, "cluster"), options)

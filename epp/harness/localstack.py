@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from epp.datastore import ROLE_LABEL
 from epp.harness.envoy import EnvoyOptions, RunningEnvoy, render_direct, start_envoy
@@ -25,10 +26,12 @@ def start_epp_behind_envoy(
     epp_args: Sequence[str],
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
     response_path: bool = True,
+    **envoy_options: Any,
 ) -> tuple[RunningEnvoy, int]:
     """`epp serve` (with `epp_args`: endpoints, config) and a real Envoy in front of it,
     on free loopback ports; returns Envoy and the EPP's metrics port. `response_path`
-    False runs both without the response phases (`--response-path off`).
+    False runs both without the response phases (`--response-path off`);
+    `envoy_options` are further `EnvoyOptions` fields (e.g. `failure_mode_allow`).
 
     The one way the demo, the e2e tests and the benchmarks put the EPP in front of any
     set of model servers (simulators or real vLLM).
@@ -49,6 +52,7 @@ def start_epp_behind_envoy(
             request_body_mode=request_body_mode,
             response_headers=response_path,
             response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",
+            **envoy_options,
         ),
         timeout=60,
     )
@@ -106,6 +110,8 @@ class LocalStack:
     epp_metrics_port: int = 0
     pd: PDLayout | None = None
     sidecars: list[SimProcess] = field(default_factory=list)
+    # further EnvoyOptions fields for the EPP's Envoy (e.g. failure_mode_allow=True)
+    envoy_options: dict[str, Any] = field(default_factory=dict)
 
     def start(self) -> LocalStack:
         self.pg = ProcessGroup(self.run_dir)
@@ -124,6 +130,7 @@ class LocalStack:
                 [*endpoint_args, *self.epp_args],
                 self.request_body_mode,
                 self.response_path,
+                **self.envoy_options,
             )
         except BaseException:
             self.stop()
@@ -201,6 +208,28 @@ class LocalStack:
         assert self.pg is not None
         n = sum(p.name.startswith(self.sims[i].name) for p in self.pg.processes)
         self._start_sim(self.sims[i], f"{self.sims[i].name}-restart{n}")
+
+    @property
+    def epp(self) -> ManagedProcess:
+        """The EPP process started last (after `restart_epp`, the new one)."""
+        assert self.pg is not None
+        return [p for p in self.pg.processes if p.name.startswith("epp")][-1]
+
+    def kill_epp(self) -> None:
+        """Kill the EPP abruptly (SIGKILL), as a crash would: no drain."""
+        self.epp.popen.kill()
+        self.epp.popen.wait(timeout=10)
+
+    def restart_epp(self) -> None:
+        """Start the EPP again with the same arguments and ports; returns once it serves."""
+        assert self.pg is not None
+        old = self.epp
+        if old.alive():
+            raise RuntimeError("restart_epp: the EPP is still running; kill or stop it first")
+        n = sum(p.name.startswith("epp") for p in self.pg.processes)
+        self.pg.start(
+            f"epp-restart{n}", old.argv, ready=LogReady(r"epp serving ext_proc"), timeout=60
+        )
 
     def stop(self) -> None:
         if self.pg is not None:

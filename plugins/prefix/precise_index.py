@@ -252,6 +252,10 @@ class PreciseIndex:
         st = self._eps.get(endpoint)
         return len(st.blocks) if st is not None else 0
 
+    def total_size(self) -> int:
+        """Blocks held over all endpoints (the `prefix_indexer_size` gauge)."""
+        return sum(len(st.blocks) for st in self._eps.values())
+
     def engine_map_size(self, endpoint: str) -> int:
         st = self._eps.get(endpoint)
         return len(st.e2o) if st is not None else 0

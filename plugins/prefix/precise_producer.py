@@ -32,6 +32,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from epp.datalayer.kv_decode import EventBatch
 from epp.datalayer.kvevents import MODES, KVEventSubscriber
 from epp.datastore import EndpointSnapshot
 from epp.prompt_tokens import prompt_token_ids
@@ -40,6 +41,7 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
+from plugins.prefix import metrics
 from plugins.prefix.approx_producer import first_targets, load_tokenizer_param
 from plugins.prefix.hashing import chain_seed, chain_tokens
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
@@ -206,7 +208,7 @@ class PrecisePrefixCacheProducer(Plugin):
         p = self.params
         self._pool_watch.start()
         self.subscriber = KVEventSubscriber(
-            self.index.on_batch,
+            self._on_batch,
             mode=p.mode,
             endpoint=p.endpoint,
             publisher_port=p.publisher_port,
@@ -219,6 +221,11 @@ class PrecisePrefixCacheProducer(Plugin):
         except Exception:
             await self.stop()
             raise
+
+    def _on_batch(self, endpoint: str, model: str, batch: EventBatch) -> None:
+        self.index.on_batch(endpoint, model, batch)
+        # upstream's prefix_indexer_size, for this index too (sum over a few endpoints)
+        metrics.INDEXER_SIZE.set(self.index.total_size())
 
     async def stop(self) -> None:
         self._pool_watch.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -56,3 +57,104 @@ def servers(replies: list[Reply]) -> Counter:
 def sim_prefix(server_header: str | None) -> str | None:
     """`sim-1-0` (the simulator's own name) → `sim-1` (the EPP's endpoint name)."""
     return server_header.rsplit("-", 1)[0] if server_header else None
+
+
+@dataclass
+class Outcome:
+    """One request of a steady load: when it started and ended (loop time), how it went."""
+
+    start: float
+    end: float
+    status: int | None  # None: the connection failed or the body was cut off
+    body: bytes = b""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+
+async def steady(
+    url: str,
+    concurrency: int,
+    body: dict | Callable[[], dict],
+    stop: asyncio.Event,
+    path: str = "/v1/completions",
+    timeout_s: float = 60,
+    sink: list[Outcome] | None = None,
+    pause_on_error: float = 0.0,
+) -> list[Outcome]:
+    """`concurrency` clients each sending `body` back to back until `stop` is set.
+
+    `body` may be a function giving each request its own body. A streamed body
+    (`"stream": true`) counts as ok only if it ends with `[DONE]`. Outcomes are appended
+    to `sink` (readable while it runs) as they end; a client waits `pause_on_error`
+    after a failure (a fast 503 must not spin the CPU).
+    """
+    loop = asyncio.get_running_loop()
+    outcomes: list[Outcome] = sink if sink is not None else []
+    make = body if callable(body) else lambda: body
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        while not stop.is_set():
+            start = loop.time()
+            one = make()
+            streamed = bool(one.get("stream"))
+            try:
+                async with http.post(url + path, json=one) as r:
+                    raw = await r.read()
+                    error = ""
+                    if r.status == 200 and streamed and b"data: [DONE]" not in raw:
+                        error = "stream without [DONE]"
+                    outcomes.append(Outcome(start, loop.time(), r.status, raw, error))
+            except (TimeoutError, aiohttp.ClientError) as e:
+                outcomes.append(Outcome(start, loop.time(), None, b"", type(e).__name__))
+            if pause_on_error and not outcomes[-1].ok:
+                await asyncio.sleep(pause_on_error)
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    return sorted(outcomes, key=lambda o: o.start)
+
+
+class Recorder:
+    """`steady()` as a task whose outcomes can be read while it runs (`outcomes`)."""
+
+    def __init__(self, url: str, concurrency: int, body: dict | Callable[[], dict]) -> None:
+        self.stop = asyncio.Event()
+        self.outcomes: list[Outcome] = []
+        self.task = asyncio.create_task(
+            steady(url, concurrency, body, self.stop, sink=self.outcomes, pause_on_error=0.05)
+        )
+
+    def ok_after(self, t: float) -> int:
+        return sum(o.ok and o.start > t for o in self.outcomes)
+
+    async def wait_ok(self, n: int, after: float = 0.0, timeout_s: float = 60) -> None:
+        """Until `n` requests that started after `after` have succeeded."""
+        for _ in range(int(timeout_s / 0.05)):
+            if self.ok_after(after) >= n:
+                return
+            if self.task.done():
+                await self.task  # raises what killed it
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"never {n} successful requests after t={after:.2f}")
+
+    async def finish(self) -> list[Outcome]:
+        self.stop.set()
+        await self.task
+        return sorted(self.outcomes, key=lambda o: o.start)
+
+
+def describe(outcomes: list[Outcome]) -> Counter:
+    """How requests ended: `200`, or status and error code / client-side error."""
+    return Counter("200" if o.ok else f"{o.status} {error_code(o) or o.error}" for o in outcomes)
+
+
+def error_code(o: Outcome) -> str | None:
+    """The OpenAI-style error body's `code`, if the body is one."""
+    try:
+        return json.loads(o.body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
