@@ -10,7 +10,7 @@ from epp.errors import EppError, plugin_failed
 from epp.observability import PLUGIN_DURATION
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Filter, Picker, Scorer
-from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
+from epp.scheduling.types import CycleState, ProfileResult, ScoreBreakdown, ScoredEndpoint
 
 _perf = time.perf_counter
 
@@ -43,6 +43,9 @@ class SchedulerProfile:
         self._filter_timers = [_timer("Filter", p) for p in filters]
         self._scorer_timers = [_timer("Scorer", s.scorer) for s in scorers]
         self._picker_timer = _timer("Picker", picker)
+        self._scorer_names = tuple(
+            (getattr(s.scorer, "name", "") or type(s.scorer).__name__, s.weight) for s in scorers
+        )
 
     def run(
         self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]
@@ -60,6 +63,7 @@ class SchedulerProfile:
                     return None
             n = len(endpoints)
             totals = [0.0] * n
+            raw: list[list[float]] = []  # kept by reference for the status page
             for ws, timer in zip(self.scorers, self._scorer_timers, strict=True):
                 current = ws.scorer
                 t0 = _perf()
@@ -69,6 +73,7 @@ class SchedulerProfile:
                     raise plugin_failed(
                         ws.scorer, f"returned {len(scores)} scores for {n} endpoints"
                     )
+                raw.append(scores)
                 w = ws.weight
                 for i, s in enumerate(scores):
                     totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
@@ -81,7 +86,10 @@ class SchedulerProfile:
             raise
         except Exception as e:
             raise plugin_failed(current, type(e).__name__) from e
-        return result if result.targets else None
+        if not result.targets:
+            return None
+        result.breakdown = ScoreBreakdown(self._scorer_names, endpoints, raw, totals)
+        return result
 
     def describe(self) -> str:
         parts = [f"filter:{f!r}" for f in self.filters]

@@ -36,11 +36,25 @@ class ScoredEndpoint:
     score: float
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreBreakdown:
+    """What each scorer of a profile said, kept by reference for the status page (no
+    copy on the request path): `scores[j][i]` is scorer j's raw score of `endpoints[i]`
+    (before the clamp to [0, 1] and the weight)."""
+
+    scorers: tuple[tuple[str, float], ...]  # (plugin name, weight) per scorer
+    endpoints: list[EndpointSnapshot]  # those left after the filters
+    scores: list[list[float]]
+    totals: list[float]  # Σ weight × clamp(score), per endpoint
+
+
 @dataclass(slots=True)
 class ProfileResult:
     """A profile's pick: targets best first; the first is primary, the rest fallbacks."""
 
     targets: list[EndpointSnapshot]
+    # Set by SchedulerProfile.run after its picker (None for a result built elsewhere).
+    breakdown: ScoreBreakdown | None = None
 
 
 @dataclass(slots=True)
