@@ -53,8 +53,12 @@ def build(n: int, seed: int = 0) -> Director:
     return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(seed))
 
 
-def measure(n: int, requests: int) -> dict[str, float]:
+def measure(n: int, requests: int, status_ring: bool = False) -> dict[str, float]:
     director = build(n)
+    if status_ring:  # as `epp serve` wires it: the status page's ring of recent decisions
+        from epp.status.ring import DecisionRing
+
+        director.decision_sinks.append(DecisionRing().record)
     body = json.dumps({"model": "m", "prompt": "hello " * 200}).encode()
     samples = []
     gc.collect()
@@ -77,11 +81,17 @@ def measure(n: int, requests: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument(
+        "--status-ring",
+        action="store_true",
+        help="record each decision in the status page's ring, as epp serve does",
+    )
     args = ap.parse_args()
     base = rss_mb()
     print(f"{'endpoints':>9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
     for n in (10, 100, 1000):
-        r = measure(n, args.requests if n < 1000 else max(1000, args.requests // 5))
+        count = args.requests if n < 1000 else max(1000, args.requests // 5)
+        r = measure(n, count, args.status_ring)
         print(f"{r['endpoints']:>9} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['mean_ms']:>8.3f}")
     keep = build(1000)  # noqa: F841  (held so the RSS below includes a 1000-endpoint pool)
     print(
