@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from epp.datastore import EndpointSnapshot
 
@@ -36,11 +36,12 @@ class ScoredEndpoint:
     score: float
 
 
-@dataclass(frozen=True, slots=True)
-class ScoreBreakdown:
+class ScoreBreakdown(NamedTuple):
     """What each scorer of a profile said, kept by reference for the status page (no
     copy on the request path): `scores[j][i]` is scorer j's raw score of `endpoints[i]`
-    (before the clamp to [0, 1] and the weight)."""
+    (before the clamp to [0, 1] and the weight). A NamedTuple, not a frozen dataclass:
+    it is built once per profile run, and a frozen dataclass's __init__ costs ~0.9 µs
+    against ~0.3 µs here (docs/BENCHMARKS.md, 'Status page ... hot-path cost')."""
 
     scorers: tuple[tuple[str, float], ...]  # (plugin name, weight) per scorer
     endpoints: list[EndpointSnapshot]  # those left after the filters

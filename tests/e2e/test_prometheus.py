@@ -227,6 +227,11 @@ def check_stack(st: LocalStack, planner_metrics: int, prometheus: str, tmp_path:
         f"  {t}: {e}" for t, e in sorted(pending)
     )
 
+    # The planner EPP's status page data: its replicas and last decisions.
+    with urllib.request.urlopen(f"http://127.0.0.1:{planner_metrics}/status.json") as r:
+        planner = json.load(r)["planner"]
+    assert planner["decisions"] and planner["replicas"]["aggregated"]["ready"] >= 1, planner
+
     # The seed's labels, as Prometheus stored them.
     picks = query(base, 'inference_extension_scheduler_attempts_total{status="success"}')
     assert picks and {r["metric"]["namespace"] for r in picks} == {"default"}
