@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -234,7 +235,8 @@ def check_stack(st: LocalStack, planner_metrics: int, prometheus: str, tmp_path:
 
     # The seed's labels, as Prometheus stored them.
     picks = query(base, 'inference_extension_scheduler_attempts_total{status="success"}')
-    assert picks and {r["metric"]["namespace"] for r in picks} == {"default"}
+    namespace = os.environ.get("NAMESPACE") or "default"  # static endpoints: $NAMESPACE
+    assert picks and {r["metric"]["namespace"] for r in picks} == {namespace}
     [info] = query(
         base, f'inference_extension_info{{job="epp",instance="127.0.0.1:{st.epp_metrics_port}"}}'
     )
