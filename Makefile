@@ -12,11 +12,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Debian's prometheus and chromium, which tests run for real (installed when missing).
+SYSPKG := $(VENV)/.system-packages
+$(SYSPKG): scripts/system-packages.sh | $(STAMP)
+	sh scripts/system-packages.sh
+	touch $(SYSPKG)
+
 demo: $(STAMP)
 	$(BIN)/epp demo
 
 # pytest exits 5 when it collected nothing: that must fail, not pass.
-test: $(STAMP)
+test: $(STAMP) $(SYSPKG)
 	$(BIN)/ruff check epp plugins tests bench loadtest
 	$(BIN)/python -m pytest -q; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc

@@ -66,8 +66,12 @@ def build(n: int, seed: int = 0) -> Director:
     return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(seed))
 
 
-def measure(n: int, requests: int) -> dict[str, float]:
+def measure(n: int, requests: int, status_ring: bool = False) -> dict[str, float]:
     director = build(n)
+    if status_ring:  # as `epp serve` wires it: the status page's ring of recent decisions
+        from epp.status.ring import DecisionRing
+
+        director.decision_sinks.append(DecisionRing().record)
     body = json.dumps({"model": "m", "prompt": "hello " * 200}).encode()
     samples, cpu = [], []
     gc.collect()
@@ -97,8 +101,10 @@ SIZES = (10, 100, 1000)
 COLUMNS = ("p50_ms", "p99_ms", "cpu_p50_ms", "cpu_p99_ms", "cpu_mean_ms")
 
 
-def run_all(requests: int) -> list[dict[str, float]]:
-    return [measure(n, requests if n < 1000 else max(1000, requests // 5)) for n in SIZES]
+def run_all(requests: int, status_ring: bool = False) -> list[dict[str, float]]:
+    return [
+        measure(n, requests if n < 1000 else max(1000, requests // 5), status_ring) for n in SIZES
+    ]
 
 
 def subprocess_run(checkout: Path | None, requests: int) -> list[dict[str, float]]:
@@ -135,6 +141,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON line of results")
     ap.add_argument("--baseline", type=Path, metavar="CHECKOUT", help="before vs after")
     ap.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each")
+    ap.add_argument(
+        "--status-ring",
+        action="store_true",
+        help="record each decision in the status page's ring, as epp serve does",
+    )
     args = ap.parse_args()
     if args.baseline is not None:
         side_by_side(args.baseline, args.rounds, args.requests)
@@ -146,7 +157,7 @@ def main() -> None:
     print(
         f"{'endpoints':>9} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'CPU p50':>8} {'CPU p99':>8}"
     )
-    for r in run_all(args.requests):
+    for r in run_all(args.requests, args.status_ring):
         print(
             f"{r['endpoints']:>9} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['mean_ms']:>8.3f}"
             f" {r['cpu_p50_ms']:>8.3f} {r['cpu_p99_ms']:>8.3f}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 
 from epp.director import RoutingDecision
@@ -25,6 +26,7 @@ from epp.observability import (
     REQUEST_DURATION,
     REQUEST_TPOT,
     REQUEST_TTFT,
+    plugin_timer,
 )
 from epp.planner.window import RequestRecord
 from epp.request import InferenceRequest
@@ -72,6 +74,7 @@ class ResponseObserver:
         self, post_response: Sequence[PostResponse] = (), sinks: Sequence[Sink] = ()
     ) -> None:
         self.post_response = tuple(post_response)
+        self._post_timers = [plugin_timer("PostResponse", p) for p in self.post_response]
         self._sinks: list[Sink] = list(sinks)
 
     def subscribe(self, sink: Sink) -> Callable[[], None]:
@@ -92,11 +95,13 @@ class ResponseObserver:
         if decision.result is None:
             return
         endpoint = decision.result.primary.targets[0]
-        for plugin in self.post_response:
+        for plugin, timer in zip(self.post_response, self._post_timers, strict=True):
+            t = time.perf_counter()
             try:
                 plugin.post_response(request, record, endpoint)
             except Exception:
                 log.exception("post-response plugin %r failed", plugin)
+            timer.observe(time.perf_counter() - t)
 
 
 def _observe_metrics(labels: tuple[str, str], rec: RequestRecord) -> None:

@@ -27,6 +27,7 @@ from epp.observability import (
     RUNNING_REQUESTS,
     SCHEDULER_ATTEMPTS,
     model_label,
+    plugin_timer,
 )
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import PreRequest
@@ -95,10 +96,15 @@ class Director:
         pre_request: Sequence[PreRequest] = (),
         rng: random.Random | None = None,
         admission: Admission | None = None,
+        namespace: str = "",
     ) -> None:
         self.datastore = datastore
         self.scheduler = scheduler
         self.pre_request = tuple(pre_request)
+        self._pre_timers = [plugin_timer("PreRequest", p) for p in self.pre_request]
+        # The pods' namespace, the `namespace` label of scheduling attempts (GIE labels
+        # each attempt with the picked pod's namespace; all of a pool's pods share one).
+        self.namespace = namespace
         self.rng = rng or random.Random()
         # Called with each admitted request's prompt-token estimate (the planner's
         # demand: admitted requests, not completions, Dynamo #11693). Must be quick.
@@ -109,6 +115,9 @@ class Director:
         # Flow control (epp/flowcontrol/): the stream waits in it before `route`; told
         # here whenever a request ends, since that may free capacity.
         self.flow_control: FlowController | None = None
+        # Called with (request, result) after each successful pick (the status page's
+        # ring of recent decisions, epp/status/ring.py). Must be quick: no copying here.
+        self.decision_sinks: list[Callable[[InferenceRequest, SchedulingResult], None]] = []
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -216,12 +225,12 @@ class Director:
             priority = self.admission.admit(request, candidates) if self.admission else 0
             result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
-            SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
+            SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()  # no pod: as GIE
             REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
             raise
         primary = result.primary.targets[0]
         SCHEDULER_ATTEMPTS.labels(
-            "success", target, primary.name, "", str(primary.endpoint.port)
+            "success", target, primary.name, self.namespace, str(primary.endpoint.port)
         ).inc()
         REQUESTS_TOTAL.labels(model, target, str(priority)).inc()
         decision = RoutingDecision(
@@ -234,11 +243,15 @@ class Director:
         RUNNING_REQUESTS.labels(model).inc()
         for sink in self.admission_sinks:
             sink(request.prompt_tokens_estimate)
-        for plugin in self.pre_request:
+        for plugin, timer in zip(self.pre_request, self._pre_timers, strict=True):
+            t = time.perf_counter()
             try:
                 plugin.pre_request(request, result)
             except Exception:  # a broken hook must not lose the request
                 log.exception("pre-request plugin %r failed", plugin)
+            timer.observe(time.perf_counter() - t)
+        for decision_sink in self.decision_sinks:
+            decision_sink(request, result)
         return decision
 
     def route_bodyless(

@@ -61,6 +61,24 @@ INFO = Gauge(
 )
 INFO.labels(commit="unknown", build_ref=__version__).set(1)
 
+
+def set_build_info(commit: str) -> None:
+    """One `inference_extension_info` series: this build's commit (epp/buildinfo.py)."""
+    INFO.clear()
+    INFO.labels(commit=commit, build_ref=__version__).set(1)
+
+
+def plugin_timer(extension_point: str, plugin: object):
+    """The `inference_extension_plugin_duration_seconds` child of one plugin at one
+    extension point (GIE's names: PrepareData, ProfilePicker, Filter, Scorer, Picker,
+    ProcessProfilesResults, PreRequest, PostResponse); resolve it once, observe per call."""
+    return PLUGIN_DURATION.labels(
+        extension_point=extension_point,
+        plugin_type=getattr(plugin, "type_name", type(plugin).__name__),
+        plugin_name=getattr(plugin, "name", ""),
+    )
+
+
 # A client chooses the model name (body, rewrite header): as a label it must be bounded
 # in count and length, or /metrics grows without limit (issue 13: 50 requests with 1 MB
 # names made it 341 MB). Names the pool does not serve share OTHER_MODEL.
@@ -212,9 +230,11 @@ class PoolCollector(Collector):
         self.snapshot = snapshot
 
     def collect(self):  # type: ignore[override]
-        snaps = [s for s in self.snapshot() if s.healthy]
+        every = self.snapshot()
+        snaps = [s for s in every if s.healthy]
         n = len(snaps)
         name = self.pool_name
+        yield _endpoint_states(name, every)
         ready = GaugeMetricFamily(
             "inference_pool_ready_pods", "Number of ready pods in the pool", labels=["name"]
         )
@@ -253,6 +273,25 @@ class PoolCollector(Collector):
 
     def describe(self):  # type: ignore[override]
         return []
+
+
+def _endpoint_states(name: str, every: list) -> GaugeMetricFamily:
+    """epp_pool_endpoints{state}: every endpoint the EPP knows, healthy or not (not an
+    upstream name: upstream counts only ready pods, so an empty pool and a pool whose
+    endpoints all went stale look alike; the alert rules in deploy/prometheus/ tell
+    them apart). `draining` wins over the health state."""
+    counts = {"healthy": 0, "stale": 0, "draining": 0}
+    for s in every:
+        counts["draining" if s.draining else "healthy" if s.healthy else "stale"] += 1
+    fam = GaugeMetricFamily(
+        "epp_pool_endpoints",
+        "Endpoints in the pool by state: healthy (fresh metrics), stale (no good scrape "
+        "within the staleness threshold) or draining (the planner is removing it).",
+        labels=["name", "state"],
+    )
+    for state, count in counts.items():
+        fam.add_metric([name, state], count)
+    return fam
 
 
 def _role_families(name: str, snaps: list) -> list[GaugeMetricFamily]:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -22,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.admission import Admission, Objectives, load_objectives_file
+from epp.buildinfo import build_commit
 from epp.completion import ResponseObserver
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
@@ -57,7 +59,7 @@ from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
-from epp.observability import REGISTRY, register_pool
+from epp.observability import REGISTRY, register_pool, set_build_info
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
 from epp.planner.loop import (
     PlannerThread,
@@ -69,6 +71,8 @@ from epp.planner.loop import (
 from epp.planner.perf import Profile, ProfileError, load_profile
 from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle, PluginImportError
+from epp.status.ring import DecisionRing
+from epp.status.routes import add_status_routes
 
 log = logging.getLogger("epp")
 
@@ -88,6 +92,9 @@ class ServeOptions:
     metrics_staleness_threshold: float = 2.0
     scrape_timeout: float = 1.0
     pool_name: str = "default"
+    # The pods' namespace (the `namespace` label of scheduling attempts): the pool's with
+    # Kubernetes discovery, else $NAMESPACE, else "default" (GIE's --pool-namespace rule).
+    namespace: str = "default"
     scrape: bool = True
     endpoints: list[Endpoint] = field(default_factory=list)
     # Re-read this endpoints file when it changes (e.g. a Kubernetes ConfigMap);
@@ -140,11 +147,16 @@ class EppServer:
             rng,
             # With flow control, it sheds sheddable requests (before they could wait).
             Admission(None if flow else detector, options.objectives),
+            namespace=options.namespace,
         )
         if flow is not None and detector is not None:
             self.director.flow_control = FlowController(
                 flow, detector, self.datastore, options.objectives, options.pool_name
             )
+        # The status page's recent decisions (`/` on the metrics port): one append per pick.
+        self.decisions = DecisionRing()
+        self.director.decision_sinks.append(self.decisions.record)
+        self.commit = "unknown"
         # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
         self.observer = (
             ResponseObserver(self.config.post_response) if options.response_path else None
@@ -172,6 +184,8 @@ class EppServer:
             register_flow_control(flow.metrics_snapshot)
             self.datastore.metrics_listeners.append(flow.capacity_freed)
             self.datastore.on_change(flow.capacity_freed)
+        self.commit = await asyncio.to_thread(build_commit)
+        set_build_info(self.commit)
         if o.scrape:
             self.scraper = ScraperThread(self.datastore, self._scrape_config())
             self.scraper.start()
@@ -344,6 +358,7 @@ async def _start_metrics_http(server: EppServer, host: str, port: int) -> tuple[
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    add_status_routes(app, server)
     app.router.add_get("/debug/endpoints", endpoints)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -539,6 +554,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         scrape_timeout=args.scrape_timeout,
         pool_name=args.pool_name or "default",
+        namespace=kube.namespace if kube is not None else os.environ.get("NAMESPACE") or "default",
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,

@@ -13,7 +13,7 @@ from epp.errors import EppError, plugin_failed
 from epp.observability import PLUGIN_DURATION
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Filter, Picker, Scorer
-from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoints
+from epp.scheduling.types import CycleState, ProfileResult, ScoreBreakdown, ScoredEndpoints
 
 _perf = time.perf_counter
 
@@ -46,6 +46,9 @@ class SchedulerProfile:
         self._filter_timers = [_timer("Filter", p) for p in filters]
         self._scorer_timers = [_timer("Scorer", s.scorer) for s in scorers]
         self._picker_timer = _timer("Picker", picker)
+        self._scorer_names = tuple(
+            (getattr(s.scorer, "name", "") or type(s.scorer).__name__, s.weight) for s in scorers
+        )
 
     def run(
         self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]
@@ -63,6 +66,7 @@ class SchedulerProfile:
                     return None
             n = len(endpoints)
             totals: list[float] | np.ndarray | None = None
+            raw: list[list[float]] = []  # kept by reference for the status page
             for ws, timer in zip(self.scorers, self._scorer_timers, strict=True):
                 current = ws.scorer
                 t0 = _perf()
@@ -72,6 +76,7 @@ class SchedulerProfile:
                     raise plugin_failed(
                         ws.scorer, f"returned {len(scores)} scores for {n} endpoints"
                     )
+                raw.append(scores)
                 totals = _add_weighted(totals, scores, ws.weight)
             if totals is None:
                 totals = [0.0] * n
@@ -86,7 +91,10 @@ class SchedulerProfile:
             raise
         except Exception as e:
             raise plugin_failed(current, type(e).__name__) from e
-        return result if result.targets else None
+        if not result.targets:
+            return None
+        result.breakdown = ScoreBreakdown(self._scorer_names, endpoints, raw, totals)
+        return result
 
     def describe(self) -> str:
         parts = [f"filter:{f!r}" for f in self.filters]

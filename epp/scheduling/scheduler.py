@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, internal_error, plugin_failed, unavailable
-from epp.observability import PLUGIN_DURATION, SCHEDULER_E2E
+from epp.observability import SCHEDULER_E2E, plugin_timer
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import DataProducer, Preparer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
@@ -30,12 +30,10 @@ class Scheduler:
         self.handler = handler
         self.profiles = profiles
         self.producers = producers or []
-        self._producer_timers = [
-            PLUGIN_DURATION.labels(
-                extension_point="PrepareData", plugin_type=p.type_name, plugin_name=p.name
-            )
-            for p in self.producers
-        ]
+        self._producer_timers = [plugin_timer("PrepareData", p) for p in self.producers]
+        # GIE scheduler.go times the handler's two calls under these extension points.
+        self._pick_timer = plugin_timer("ProfilePicker", handler)
+        self._results_timer = plugin_timer("ProcessProfilesResults", handler)
         self.preparers = [p for p in self.producers if isinstance(p, Preparer) and p.prepares]
 
     def prepare(self, request: InferenceRequest) -> CycleState:
@@ -68,16 +66,20 @@ class Scheduler:
             self._produce(state, request, candidates)
             results: dict[str, ProfileResult | None] = {}
             for _ in range(_MAX_ROUNDS):
+                t = time.perf_counter()
                 to_run = self._handler_call(
                     self.handler.pick_profiles, state, request, self.profiles, results
                 )
+                self._pick_timer.observe(time.perf_counter() - t)
                 if not to_run:
                     break
                 for name, profile in to_run.items():
                     results[name] = profile.run(state, request, candidates)
             else:
                 raise internal_error(f"profile handler {self.handler!r} never finished")
+            t = time.perf_counter()
             result = self._handler_call(self.handler.process_results, state, request, results)
+            self._results_timer.observe(time.perf_counter() - t)
             result.cycle_state = state
             return result
         finally:

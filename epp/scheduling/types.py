@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, overload
+from typing import Any, NamedTuple, Protocol, overload
 
 from epp.datastore import EndpointSnapshot
 
@@ -84,11 +84,26 @@ class ScoredEndpoints(Sequence[ScoredEndpoint]):
         return map(ScoredEndpoint, self.endpoints, self.scores)
 
 
+class ScoreBreakdown(NamedTuple):
+    """What each scorer of a profile said, kept by reference for the status page (no
+    copy on the request path): `scores[j][i]` is scorer j's raw score of `endpoints[i]`
+    (before the clamp to [0, 1] and the weight). A NamedTuple, not a frozen dataclass:
+    it is built once per profile run, and a frozen dataclass's __init__ costs ~0.9 µs
+    against ~0.3 µs here (docs/BENCHMARKS.md, 'Status page ... hot-path cost')."""
+
+    scorers: tuple[tuple[str, float], ...]  # (plugin name, weight) per scorer
+    endpoints: list[EndpointSnapshot]  # those left after the filters
+    scores: list[list[float]]
+    totals: list[float]  # Σ weight × clamp(score), per endpoint
+
+
 @dataclass(slots=True)
 class ProfileResult:
     """A profile's pick: targets best first; the first is primary, the rest fallbacks."""
 
     targets: list[EndpointSnapshot]
+    # Set by SchedulerProfile.run after its picker (None for a result built elsewhere).
+    breakdown: ScoreBreakdown | None = None
 
 
 @dataclass(slots=True)
