@@ -16,7 +16,7 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def post(url: str) -> tuple[int, dict]:
-    body = json.dumps({"model": "m", "prompt": "hello over tls", "max_tokens": 4}).encode()
+    body = json.dumps({"model": "tiny", "prompt": "hello over tls", "max_tokens": 4}).encode()
     req = urllib.request.Request(
         url + "/v1/completions", body, {"content-type": "application/json"}
     )
