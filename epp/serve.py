@@ -203,7 +203,8 @@ class EppServer:
         """The planner thread, fed by the director (admissions) and the response
         observer (finished requests), acting through its connector on this loop (only
         while its elector leads, with several EPPs)."""
-        self.elector = election_cli.build_elector(self.options.election)
+        # In a thread: a Lease elector imports the Kubernetes client (seconds of CPU).
+        self.elector = await asyncio.to_thread(election_cli.build_elector, self.options.election)
         await self.elector.start()
         log.info("%s", self.elector.describe())
         planner = build_live_planner(

@@ -98,11 +98,14 @@ def spec_from_args(
             raise ElectionError(
                 f"--leader-election {kind}: only the planner is elected; add --planner FILE"
             )
+        _refuse(args, _LOCK_FLAGS + _LEASE_FLAGS, "without --planner (only the planner is elected)")
         return None
     if kind == "off":
+        _refuse(args, _LOCK_FLAGS + _LEASE_FLAGS, "with --leader-election off")
         return None
     if kind == "auto":
         kind = "lease" if os.environ.get("KUBERNETES_SERVICE_HOST") else "lock-file"
+    _refuse(args, _LEASE_FLAGS if kind == "lock-file" else _LOCK_FLAGS, f"with a {kind} election")
     try:
         timing = LeaseTiming(
             args.leader_lease_duration, args.leader_renew_deadline, args.leader_retry_period
@@ -125,6 +128,9 @@ def spec_from_args(
     else:
         namespace = args.leader_lease_namespace or os.environ.get("NAMESPACE") or "default"
     name = args.leader_lease or f"epp-planner-{pool}"
+    from epp.datalayer.k8s_discovery import load_api_client
+
+    load_api_client(getattr(args, "kubeconfig", None)).close()  # no credentials: exit 2 now
     return ElectionSpec(
         "lease",
         identity,
@@ -133,6 +139,17 @@ def spec_from_args(
         lease_name=name,
         kubeconfig=getattr(args, "kubeconfig", None),
     )
+
+
+_LOCK_FLAGS = ("leader_lock",)
+_LEASE_FLAGS = ("leader_lease", "leader_lease_namespace")
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], why: str) -> None:
+    """A flag that would do nothing is an error, not silently ignored."""
+    for name in names:
+        if getattr(args, name) is not None:
+            raise ElectionError(f"--{name.replace('_', '-')} does nothing {why}")
 
 
 def build_elector(spec: ElectionSpec | None) -> Elector:
