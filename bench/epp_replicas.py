@@ -4,7 +4,9 @@ of one EPP serving TLS on ext_proc, on this machine.
 One `epp sim --replicas 8` process with a zero-latency model (bench/overhead.py's
 SIM_ARGS: it answers as fast as its HTTP stack can) is the pool for the whole run. Each
 window starts a fresh stack of K EPPs (defaults, response path on, every EPP scraping
-all 8 replicas every 50 ms, as production replicas do) behind one real Envoy whose
+all 8 replicas every `--scrape-interval`: K replicas put K times the scrape load on the
+servers, so on a starved machine the default 50 ms makes the simulator miss scrapes and
+the EPPs answer 503; `--staleness` is raised for the same reason) behind one real Envoy whose
 ext_proc cluster lists them all (`epp.harness.localstack.start_epps_behind_envoy`, the
 shape of deploy/envoy/envoy-replicas.yaml), drives it with bench/overhead.py's closed-loop
 load generator (`--concurrency` keep-alive connections, ~300-byte completions, 1 output
@@ -66,6 +68,8 @@ def window(
     """A fresh stack of this config, one load window against it, its numbers."""
     n, tls = parse_config(config)
     endpoints = [f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)]
+    endpoints += ["--refresh-metrics-interval", str(args.scrape_interval)]
+    endpoints += ["--metrics-staleness-threshold", str(args.staleness)]
     with ProcessGroup() as pg:
         envoy, metrics = start_epps_behind_envoy(pg, endpoints, n_epps=n, tls=tls)
         for port in metrics:
@@ -108,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--configs", default="1,2,4,1tls", help="comma list: N EPPs, Ntls = TLS")
+    ap.add_argument("--scrape-interval", type=float, default=0.25, help="EPP scrape period (0.25)")
+    ap.add_argument("--staleness", type=float, default=10.0, help="EPP staleness threshold (10)")
     ap.add_argument("--json", help="write every window's numbers here")
     args = ap.parse_args(argv)
     configs = args.configs.split(",")
@@ -142,7 +148,8 @@ def table(rows, configs, args, load_before, load_after) -> str:
         f"{os.cpu_count()} CPUs; load average (1/5/15 min) before "
         f"{'/'.join(f'{x:.2f}' for x in load_before)}, after "
         f"{'/'.join(f'{x:.2f}' for x in load_after)}; {args.rounds} rounds x "
-        f"{args.duration:g} s, concurrency {args.concurrency}; medians",
+        f"{args.duration:g} s, concurrency {args.concurrency}, scrape every "
+        f"{args.scrape_interval:g} s; medians",
         "",
         "| EPPs | req/s | ratio to 1 EPP (same round) | p50 ms | EPP cores | Envoy cores "
         "| other load (cores) | errors |",
