@@ -525,6 +525,7 @@ def start_epp(
     scrape = ["--refresh-metrics-interval", str(args.scrape_interval)]
     if args.scrape_max_interval:
         scrape += ["--refresh-metrics-max-interval", str(args.scrape_max_interval)]
+    scrape += ["--metrics-staleness-threshold", str(args.staleness)]
     envoy, _ = start_epp_behind_envoy(
         pg, [*endpoints, "--config", str(config), *scrape], n_epps=n_epps
     )
@@ -653,6 +654,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         help="the EPP's --refresh-metrics-interval, REAL seconds (0.05)",
+    )
+    p.add_argument(
+        "--staleness",
+        type=float,
+        default=2.0,
+        help="the EPP's --metrics-staleness-threshold, REAL seconds (2.0); raise it on a "
+        "starved machine, where a simulator that misses scrapes makes the EPP answer 503",
     )
     p.add_argument(
         "--scrape-max-interval",
