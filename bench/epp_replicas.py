@@ -6,7 +6,8 @@ SIM_ARGS: it answers as fast as its HTTP stack can) is the pool for the whole ru
 window starts a fresh stack of K EPPs (defaults, response path on, every EPP scraping
 all 8 replicas every `--scrape-interval`: K replicas put K times the scrape load on the
 servers, so on a starved machine the default 50 ms makes the simulator miss scrapes and
-the EPPs answer 503; `--staleness` is raised for the same reason) behind one real Envoy whose
+the EPPs answer 503; `--staleness` and the scrape timeout, half of it, are raised for the
+same reason) behind one real Envoy whose
 ext_proc cluster lists them all (`epp.harness.localstack.start_epps_behind_envoy`, the
 shape of deploy/envoy/envoy-replicas.yaml), drives it with bench/overhead.py's closed-loop
 load generator (`--concurrency` keep-alive connections, ~300-byte completions, 1 output
@@ -70,6 +71,7 @@ def window(
     endpoints = [f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)]
     endpoints += ["--refresh-metrics-interval", str(args.scrape_interval)]
     endpoints += ["--metrics-staleness-threshold", str(args.staleness)]
+    endpoints += ["--scrape-timeout", str(args.staleness / 2)]
     with ProcessGroup() as pg:
         envoy, metrics = start_epps_behind_envoy(pg, endpoints, n_epps=n, tls=tls)
         for port in metrics:

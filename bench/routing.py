@@ -526,6 +526,7 @@ def start_epp(
     if args.scrape_max_interval:
         scrape += ["--refresh-metrics-max-interval", str(args.scrape_max_interval)]
     scrape += ["--metrics-staleness-threshold", str(args.staleness)]
+    scrape += ["--scrape-timeout", str(args.scrape_timeout)]
     envoy, _ = start_epp_behind_envoy(
         pg, [*endpoints, "--config", str(config), *scrape], n_epps=n_epps
     )
@@ -659,8 +660,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--staleness",
         type=float,
         default=2.0,
-        help="the EPP's --metrics-staleness-threshold, REAL seconds (2.0); raise it on a "
-        "starved machine, where a simulator that misses scrapes makes the EPP answer 503",
+        help="the EPP's --metrics-staleness-threshold, REAL seconds (2.0); raise it and "
+        "--scrape-timeout on a starved machine, where a simulator answering scrapes late "
+        "makes the EPP see no healthy endpoint and answer 503",
+    )
+    p.add_argument(
+        "--scrape-timeout", type=float, default=1.0, help="the EPP's --scrape-timeout (1.0)"
     )
     p.add_argument(
         "--scrape-max-interval",
