@@ -23,6 +23,11 @@ seeded request sequence, sent through:
   saturated": affinity filter on live load, token-load scorer, prefix tie-break);
 - `epp-precise`: Envoy + `epp serve` with config/precise-prefix.yaml's scorers, the
   producer bound on a free port that every simulator publishes its KV events to;
+- `NAME@K` (e.g. `epp-approx@2`): an EPP setup with K `epp serve` replicas behind the one
+  Envoy (active-active, `start_epps_behind_envoy`); each keeps its own approximate index,
+  and `epp-precise@K` runs the producer in connect mode: every simulator replica binds its
+  own KV-events port and every EPP dials all of them (so `epp-precise@1` is the same
+  delivery with one EPP);
 - `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
   `--router` gives its binary) with `--policy cache_aware` / `--policy power_of_two`,
   over the same 8 URLs (no Envoy: it is a proxy itself).
@@ -483,7 +488,10 @@ def free_range(n: int) -> int:
     raise RuntimeError("no free port range")
 
 
-def start_sims(pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None) -> list[str]:
+def start_sims(
+    pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None, kv_bind: bool = False
+) -> list[str]:
+    """`kv_bind`: each replica binds KV-events port kv_port + i (connect mode)."""
     base = free_range(args.servers)
     argv = [*EPP_CMD, "sim", "--replicas", str(args.servers), "--port", str(base)]
     argv += ["--preset", args.preset, "--time-scale", str(args.time_scale)]
@@ -493,7 +501,7 @@ def start_sims(pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None) 
         cfg = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": f"tcp://127.0.0.1:{kv_port}",
+            "endpoint": f"tcp://{'*' if kv_bind else '127.0.0.1'}:{kv_port}",
         }
         argv += ["--kv-events-config", json.dumps(cfg)]
     urls = [f"http://127.0.0.1:{base + i}" for i in range(args.servers)]
@@ -501,12 +509,27 @@ def start_sims(pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None) 
     return urls
 
 
-def start_epp(pg: ProcessGroup, urls: list[str], config: Path, args: argparse.Namespace) -> str:
+def start_epp(
+    pg: ProcessGroup,
+    urls: list[str],
+    config: Path,
+    args: argparse.Namespace,
+    n_epps: int = 1,
+    kv_base: int | None = None,
+) -> str:
+    """`n_epps` replicas behind one Envoy; `kv_base`: label each endpoint with its own
+    KV-events port (kv_base + i) for a connect-mode producer."""
     endpoints = [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
+    if kv_base is not None:
+        endpoints = [f"{e};epp.kv-events-port={kv_base + i}" for i, e in enumerate(endpoints)]
     scrape = ["--refresh-metrics-interval", str(args.scrape_interval)]
     if args.scrape_max_interval:
         scrape += ["--refresh-metrics-max-interval", str(args.scrape_max_interval)]
-    envoy, _ = start_epp_behind_envoy(pg, [*endpoints, "--config", str(config), *scrape])
+    scrape += ["--metrics-staleness-threshold", str(args.staleness)]
+    scrape += ["--scrape-timeout", str(args.scrape_timeout)]
+    envoy, _ = start_epp_behind_envoy(
+        pg, [*endpoints, "--config", str(config), *scrape], n_epps=n_epps
+    )
     return envoy.url
 
 
@@ -518,7 +541,28 @@ def precise_config(path: Path, kv_port: int, block_size: int) -> None:
     path.write_text(text)
 
 
+def connect_config(path: Path, block_size: int) -> None:
+    """config/precise-prefix.yaml's producer in connect mode (several EPP replicas)."""
+    text = (ROOT / "config" / "precise-prefix.yaml").read_text()
+    text = text.replace("mode: bind\n    endpoint: tcp://*:5557\n", "mode: connect\n")
+    text = re.sub(r"blockSizeTokens: \d+", f"blockSizeTokens: {block_size}", text)
+    assert "mode: connect" in text
+    path.write_text(text)
+
+
 def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Path):
+    setup, n_epps = split_setup(setup)
+    if n_epps is not None:  # NAME@K: K replicas (connect-mode KV events for precise)
+        kv_base = free_range(args.servers) if setup == "epp-precise" else None
+        urls = start_sims(pg, args, kv_base, kv_bind=True)
+        if setup == "epp-load":
+            config = ROOT / "config" / "load-only.yaml"
+        elif setup in CONFIGS:
+            config = ROOT / "config" / CONFIGS[setup]
+        else:
+            config = tmp / "precise-connect.yaml"
+            connect_config(config, 16)  # the 8B preset's block size
+        return start_epp(pg, urls, config, args, n_epps, kv_base), urls
     kv_port = free_port() if setup == "epp-precise" else None
     urls = start_sims(pg, args, kv_port)
     if setup in ("rr", "lr"):
@@ -613,6 +657,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the EPP's --refresh-metrics-interval, REAL seconds (0.05)",
     )
     p.add_argument(
+        "--staleness",
+        type=float,
+        default=2.0,
+        help="the EPP's --metrics-staleness-threshold, REAL seconds (2.0); raise it and "
+        "--scrape-timeout on a starved machine, where a simulator answering scrapes late "
+        "makes the EPP see no healthy endpoint and answer 503",
+    )
+    p.add_argument(
+        "--scrape-timeout", type=float, default=1.0, help="the EPP's --scrape-timeout (1.0)"
+    )
+    p.add_argument(
         "--scrape-max-interval",
         type=float,
         default=0.0,
@@ -641,7 +696,7 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
         for s in str(args.setups or (MATRIX_SETUPS if args.matrix else ",".join(SETUPS))).split(",")
         if s
     ]
-    bad = [s for s in args.setups if s not in SETUPS]
+    bad = [s for s in args.setups if not _known_setup(s)]
     if bad:
         p.error(f"unknown setups {bad}; known: {SETUPS}")
     if args.matrix:
@@ -655,6 +710,19 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     return args
 
 
+def split_setup(setup: str) -> tuple[str, int | None]:
+    """`epp-approx@2` → ("epp-approx", 2); a plain name → (name, None)."""
+    base, at, k = setup.partition("@")
+    return base, (int(k) if at else None)
+
+
+def _known_setup(setup: str) -> bool:
+    base, _, k = setup.partition("@")
+    if not k:
+        return base in SETUPS
+    return base.startswith("epp-") and base in SETUPS and k.isdigit() and int(k) >= 1
+
+
 def run_setup(setup: str, args: argparse.Namespace, reqs: list[Req]) -> list[dict] | str:
     """One fresh pool + setup, the workload through it; its rows, or why it did not start."""
     with tempfile.TemporaryDirectory() as tmp, ProcessGroup() as pg:
@@ -662,12 +730,14 @@ def run_setup(setup: str, args: argparse.Namespace, reqs: list[Req]) -> list[dic
             url, sim_urls = start_setup(pg, setup, args, Path(tmp))
         except Exception as e:  # report it and go on with the other setups
             return f"{type(e).__name__}: {str(e)[:300]}"
-        pids = {p.name: p.pid for p in pg.processes if p.name in ("sims", "epp")}
+        pids = {p.name: p.pid for p in pg.processes if p.name == "sims" or p.name.startswith("epp")}
         cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
         t0 = time.perf_counter()
         run = asyncio.run(drive(setup, url, sim_urls, reqs, args))
         wall = time.perf_counter() - t0
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / wall for name, pid in pids.items()}
+        if len([n for n in cpu if n.startswith("epp")]) > 1:  # several replicas: their sum
+            cpu["epp"] = sum(v for n, v in cpu.items() if n.startswith("epp"))
     rows = summarize(run, args)
     for r in rows:
         r["sim_cpu"], r["epp_cpu"] = cpu.get("sims"), cpu.get("epp")

@@ -18,6 +18,7 @@ import random
 import signal
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -48,6 +49,8 @@ from epp.datalayer.scrape_thread import ScraperThread
 from epp.datalayer.scraper import ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import ColdStart, Director
+from epp.election import cli as election_cli
+from epp.election.base import Elector
 from epp.extproc.server import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -57,6 +60,7 @@ from epp.extproc.server import (
 )
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
+from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info
@@ -111,6 +115,10 @@ class ServeOptions:
     planner_profile: Profile | None = None
     # Objective name → priority (--objectives); priority < 0 is shed (429) when saturated.
     objectives: Objectives = field(default_factory=Objectives)
+    # Several EPPs with --planner: only the elected one's planner acts (None: always acts).
+    election: election_cli.ElectionSpec | None = None
+    # TLS on the ext_proc port (--secure-serving / --cert-path); None: plaintext.
+    tls: ServerCert | None = None
 
 
 class EppServer:
@@ -173,6 +181,7 @@ class EppServer:
         self.servicer = None
         self._planner_ticks = planner_ticks
         self.planner: PlannerThread | None = None
+        self.elector: Elector | None = None
         self.health = None
 
     async def start(self) -> None:
@@ -211,6 +220,7 @@ class EppServer:
             o.health_port,
             observer=self.observer,
             limits=o.limits,
+            tls=o.tls,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -223,7 +233,12 @@ class EppServer:
 
     async def _start_planner(self, cfg: PlannerConfig) -> None:
         """The planner thread, fed by the director (admissions) and the response
-        observer (finished requests), acting through its connector on this loop."""
+        observer (finished requests), acting through its connector on this loop (only
+        while its elector leads, with several EPPs)."""
+        # In a thread: a Lease elector imports the Kubernetes client (seconds of CPU).
+        self.elector = await asyncio.to_thread(election_cli.build_elector, self.options.election)
+        await self.elector.start()
+        log.info("%s", self.elector.describe())
         planner = build_live_planner(
             cfg,
             self.options.planner_profile,
@@ -231,6 +246,7 @@ class EppServer:
             asyncio.get_running_loop(),
             pool=self.options.pool_name,
             ticks=self._planner_ticks,
+            elector=self.elector,
         )
         self.director.admission_sinks.append(planner.on_admit)
         if self.observer is not None:
@@ -297,6 +313,9 @@ class EppServer:
         if self.planner is not None:
             await stop_live_planner(self.planner)
             self.planner = None
+        if self.elector is not None:
+            await self.elector.stop()
+            self.elector = None
         if self.discovery is not None:
             await self.discovery.stop()
             self.discovery = None
@@ -390,6 +409,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
     p.add_argument("--grpc-port", type=int, default=9002, help="ext_proc gRPC port (9002)")
+    p.add_argument(
+        "--secure-serving",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the ext_proc port over TLS: the certificate in --cert-path, else a "
+        "self-signed one made at start (upstream's default; here plaintext is, see "
+        "docs/ARCHITECTURE.md 'TLS'). The health port stays plaintext",
+    )
+    p.add_argument(
+        "--cert-path",
+        metavar="DIR",
+        default=None,
+        help="directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret); "
+        "implies --secure-serving",
+    )
     p.add_argument("--health-port", type=int, default=9003, help="gRPC health port (9003)")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (9090)")
     p.add_argument(
@@ -499,6 +533,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "documents): x-gateway-inference-objective → priority; priority < 0 is sheddable "
         "(429 while the saturation detector says the pool is saturated)",
     )
+    election_cli.add_arguments(p)
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -542,6 +577,16 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
             "Kubernetes discovery or a watched --endpoints file (use --endpoint flags, or "
             "--no-watch-endpoints)",
         )
+    pool_name = args.pool_name or "default"
+    election = election_cli.spec_from_args(
+        args,
+        has_planner=planner is not None,
+        environment=planner.live.environment if planner else None,
+        statefile=planner_statefile(planner, pool_name) if planner else None,
+        kube_namespace=planner.live.kubernetes_namespace if planner else None,
+        pool=pool_name,
+    )
+    tls = tls_from_args(args)
     opts = ServeOptions(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -553,7 +598,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         refresh_metrics_max_interval=hi,
         metrics_staleness_threshold=args.metrics_staleness_threshold,
         scrape_timeout=args.scrape_timeout,
-        pool_name=args.pool_name or "default",
+        pool_name=pool_name,
         namespace=kube.namespace if kube is not None else os.environ.get("NAMESPACE") or "default",
         endpoints=endpoints,
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
@@ -563,8 +608,24 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         planner=planner,
         planner_profile=profile,
         objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),
+        election=election,
+        tls=tls,
     )
     return opts, config
+
+
+def tls_from_args(args: argparse.Namespace) -> ServerCert | None:
+    """--secure-serving / --cert-path → the certificate to serve, None for plaintext."""
+    if args.cert_path is not None:
+        if args.secure_serving is False:
+            raise TlsError("--cert-path and --no-secure-serving contradict; drop one")
+        return load_cert_dir(args.cert_path)
+    return self_signed() if args.secure_serving else None
+
+
+def planner_statefile(planner: PlannerConfig, pool: str) -> Path:
+    """Where the local connector keeps its statefile (connectors/local.py)."""
+    return Path(os.path.expanduser(planner.live.statefile.format(pool=pool)))
 
 
 def load_planner(path: str) -> tuple[PlannerConfig, Profile | None]:
@@ -628,7 +689,15 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         opts, config = options_from_args(args)
-    except (ConfigError, EndpointsError, PluginImportError, PoolSpecError, KubeConfigError) as e:
+    except (
+        ConfigError,
+        EndpointsError,
+        PluginImportError,
+        PoolSpecError,
+        KubeConfigError,
+        election_cli.ElectionError,
+        TlsError,
+    ) as e:
         print(f"epp serve: {e}", file=sys.stderr)
         return 2
     if not (opts.endpoints or opts.watch_file or opts.kubernetes or opts.planner):
@@ -656,8 +725,9 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
         have = server.planner.connector.replicas().values()
         ready, starting = sum(r.ready for r in have), sum(r.starting for r in have)
         pool += f" and the planner ({ready} replicas ready, {starting} starting)"
+    tls = f" over TLS ({opts.tls.source} certificate)" if opts.tls else ""
     print(
-        f"epp serving ext_proc on {opts.host}:{server.grpc_port} "
+        f"epp serving ext_proc on {opts.host}:{server.grpc_port}{tls} "
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )

@@ -21,6 +21,11 @@ one does, as far as a list/watch client can tell:
 - `forbid(resource)` answers 403 with the real `Status` body (reason Forbidden); a
   resource set absent with `crd_installed=False` answers 404; `forbid(r, verbs=("watch",))`
   refuses only the watch, as a Role granting list but not watch does.
+- Leases (`/apis/coordination.k8s.io/v1/namespaces/NS/leases[/NAME]`, added for leader
+  election): GET one (404 NotFound when absent), POST create (409 AlreadyExists when
+  present), PUT replace with optimistic concurrency (409 Conflict when the body's
+  `metadata.resourceVersion` is not the stored one, as the real server does), each
+  refusable with `forbid("leases", verbs=("get", "create", "update"))`.
 
 Test controls mutate state from the test's event loop; `requests` records what the
 client asked (method path?query), so a test can see that a relist happened.
@@ -40,6 +45,8 @@ from aiohttp import web
 POOL_GROUP = "inference.networking.k8s.io"
 PODS = "pods"
 POOLS = "inferencepools"
+LEASES = "leases"
+LEASE_GROUP = "coordination.k8s.io"
 
 
 @dataclass
@@ -121,6 +128,10 @@ class FakeKubeAPI:
         app.router.add_get(
             f"/apis/{POOL_GROUP}/v1/namespaces/{{ns}}/inferencepools", self._handle(POOLS)
         )
+        leases = f"/apis/{LEASE_GROUP}/v1/namespaces/{{ns}}/leases"
+        app.router.add_get(leases + "/{name}", self._lease)
+        app.router.add_put(leases + "/{name}", self._lease)
+        app.router.add_post(leases, self._lease)
         self._runner = web.AppRunner(
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1
         )
@@ -275,6 +286,49 @@ current-context: fake
             await send("ADDED", ev.obj)
         elif before:  # stopped matching the selector: the watcher sees it go
             await send("DELETED", ev.obj)
+
+    async def _lease(self, request: web.Request) -> web.Response:
+        """GET / POST / PUT one Lease, as the real server answers them."""
+        ns = request.match_info["ns"]
+        verb = {"GET": "get", "POST": "create", "PUT": "update"}[request.method]
+        body = await request.json() if request.method != "GET" else {}
+        name = request.match_info.get("name") or body.get("metadata", {}).get("name", "")
+        self.requests.append(f"{request.method} {request.path}")
+        if verb in self.forbidden.get(LEASES, ()):
+            msg = (
+                f'leases.{LEASE_GROUP} "{name}" is forbidden: User '
+                f'"system:serviceaccount:{ns}:epp" cannot {verb} resource "leases" in API '
+                f'group "{LEASE_GROUP}" in the namespace "{ns}"'
+            )
+            return web.json_response(_status(403, "Forbidden", msg), status=403)
+        stored = self.objects.get((LEASES, ns, name))
+        if (verb == "get" and stored is None) or (verb == "update" and stored is None):
+            msg = f'leases.{LEASE_GROUP} "{name}" not found'
+            return web.json_response(_status(404, "NotFound", msg), status=404)
+        if verb == "get":
+            return web.json_response(stored)
+        if verb == "create" and stored is not None:
+            msg = f'leases.{LEASE_GROUP} "{name}" already exists'
+            return web.json_response(_status(409, "AlreadyExists", msg), status=409)
+        if verb == "update":
+            assert stored is not None
+            sent = body.get("metadata", {}).get("resourceVersion")
+            if sent != stored["metadata"]["resourceVersion"]:
+                msg = (
+                    f'Operation cannot be fulfilled on leases.{LEASE_GROUP} "{name}": the '
+                    "object has been modified; please apply your changes to the latest "
+                    "version and try again"
+                )
+                return web.json_response(_status(409, "Conflict", msg), status=409)
+        body.setdefault("metadata", {})
+        self._write(LEASES, ns, body, name)
+        return web.json_response(
+            self.objects[(LEASES, ns, name)], status=201 if verb == "create" else 200
+        )
+
+    def lease(self, name: str, ns: str = "default") -> dict | None:
+        """The stored Lease (a test reads its holder), or None."""
+        return self.objects.get((LEASES, ns, name))
 
     # ---- test controls --------------------------------------------------------
     def _write(self, resource: str, ns: str, obj: dict | None, name: str) -> None:

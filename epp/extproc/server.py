@@ -24,6 +24,7 @@ from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
 from epp.extproc.stream import Phase, RequestStream
+from epp.extproc.tls import ServerCert, server_credentials
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 
 log = logging.getLogger("epp.extproc")
@@ -172,11 +173,13 @@ async def start_grpc_servers(
     max_body_bytes: int | None = None,
     observer: ResponseObserver | None = None,
     limits: StreamLimits | None = None,
+    tls: ServerCert | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, ExtProcServicer, HealthReporter, int, int]:
     """Start the ext_proc server (also answering health) and the separate health server.
 
     Returns the servers, the servicer, the health reporter and the bound ports (port 0
-    picks a free one). Give `limits`, or only `max_body_bytes` (the rest default).
+    picks a free one). Give `limits`, or only `max_body_bytes` (the rest default). With
+    `tls` the ext_proc port serves TLS; the health port stays plaintext (epp/extproc/tls.py).
     """
     if limits is not None and max_body_bytes is not None:
         raise ValueError("give max_body_bytes inside limits, not both")
@@ -192,7 +195,10 @@ async def start_grpc_servers(
     main = grpc.aio.server(options=options)
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, main)
     health_pb2_grpc.add_HealthServicer_to_server(health_reporter.servicer, main)
-    bound_grpc = main.add_insecure_port(f"{host}:{grpc_port}")
+    if tls is not None:
+        bound_grpc = main.add_secure_port(f"{host}:{grpc_port}", server_credentials(tls))
+    else:
+        bound_grpc = main.add_insecure_port(f"{host}:{grpc_port}")
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(health_reporter.servicer, health_server)
     bound_health = health_server.add_insecure_port(f"{host}:{health_port}")

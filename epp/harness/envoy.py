@@ -73,6 +73,13 @@ class EnvoyOptions:
     # The ext_proc filter's failure_mode_allow (the file ships false; see its header for
     # what 1.40 does with true). Set by the fault tests that compare the two.
     failure_mode_allow: bool = False
+    # The EPP serves TLS (`epp serve --secure-serving`): Envoy connects with TLS without
+    # verifying (upstream's reference config) and health-checks the ext_proc port itself,
+    # since the EPP's separate health port stays plaintext (deploy/envoy/envoy-tls.yaml).
+    epp_tls: bool = False
+    # More EPP replicas on `epp_host`, as (grpc port, health port): the ext_proc cluster
+    # lists them all and Envoy balances streams over them (deploy/envoy/envoy-replicas.yaml).
+    extra_epps: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def loopback(cls, epp_grpc_port: int, epp_health_port: int, **kw: Any) -> EnvoyOptions:
@@ -227,16 +234,46 @@ def _http_filters(listener: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _point_ext_proc_cluster(cluster: dict[str, Any], options: EnvoyOptions) -> None:
     cluster["type"] = "STATIC" if _is_ip(options.epp_host) else "STRICT_DNS"
-    lb_endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
-    lb_endpoint["endpoint"]["address"]["socket_address"].update(
-        address=options.epp_host, port_value=options.epp_grpc_port
-    )
-    lb_endpoint["endpoint"]["health_check_config"]["port_value"] = options.epp_health_port
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    first = endpoints[0]
+    endpoints[:] = []
+    for grpc_port, health_port in ((options.epp_grpc_port, options.epp_health_port),
+                                   *options.extra_epps):  # fmt: skip
+        lb_endpoint = copy.deepcopy(first)
+        lb_endpoint["endpoint"]["address"]["socket_address"].update(
+            address=options.epp_host, port_value=grpc_port
+        )
+        lb_endpoint["endpoint"]["health_check_config"]["port_value"] = health_port
+        endpoints.append(lb_endpoint)
+    if options.epp_tls:
+        use_tls(cluster)
     if options.health_check_interval_s is not None:
         interval = f"{options.health_check_interval_s:g}s"
         for check in cluster["health_checks"]:
             check["interval"] = interval
             check["no_traffic_interval"] = interval
+
+
+TLS_TRANSPORT_SOCKET: dict[str, Any] = {
+    "name": "envoy.transport_sockets.tls",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        # No validation context: the EPP's default certificate is self-signed, so Envoy
+        # encrypts without verifying, as GIE's reference config (gie-epp.md §1.1). Add
+        # `validation_context: {trusted_ca: ...}` and `sni` for a certificate you issued.
+        "common_tls_context": {"alpn_protocols": ["h2"]},
+    },
+}
+
+
+def use_tls(cluster: dict[str, Any]) -> None:
+    """The ext_proc cluster for an EPP serving TLS: TLS to every EPP, and health checks
+    on the ext_proc port over that TLS (the EPP's health port is plaintext)."""
+    cluster["transport_socket"] = copy.deepcopy(TLS_TRANSPORT_SOCKET)
+    for lb_endpoint in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]:
+        lb_endpoint["endpoint"].pop("health_check_config", None)
+    for check in cluster["health_checks"]:
+        check.setdefault("tls_options", {"alpn_protocols": ["h2"]})
 
 
 def _is_ip(host: str) -> bool:

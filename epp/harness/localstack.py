@@ -26,6 +26,10 @@ def start_epp_behind_envoy(
     epp_args: Sequence[str],
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
     response_path: bool = True,
+    *,
+    n_epps: int = 1,
+    tls: bool = False,
+    per_epp_args: Sequence[Sequence[str]] = (),
     **envoy_options: Any,
 ) -> tuple[RunningEnvoy, int]:
     """`epp serve` (with `epp_args`: endpoints, config) and a real Envoy in front of it,
@@ -33,30 +37,73 @@ def start_epp_behind_envoy(
     False runs both without the response phases (`--response-path off`);
     `envoy_options` are further `EnvoyOptions` fields (e.g. `failure_mode_allow`).
 
+    `n_epps` > 1 starts that many EPP replicas (processes `epp`, `epp-1`, ...; each
+    gets `per_epp_args[i]` too) in Envoy's one ext_proc cluster (active-active, as
+    deploy/envoy/envoy-replicas.yaml); the metrics port returned is the first one's
+    (`start_epps_behind_envoy` returns them all). `tls` runs them with
+    `--secure-serving` behind Envoy's TLS variant (deploy/envoy/envoy-tls.yaml).
+
     The one way the demo, the e2e tests and the benchmarks put the EPP in front of any
     set of model servers (simulators or real vLLM).
     """
-    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
-    argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port), *epp_args]
-    argv += ["--response-path", "on" if response_path else "off"]
-    pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+    envoy, metrics = start_epps_behind_envoy(
+        pg,
+        epp_args,
+        request_body_mode,
+        response_path,
+        n_epps=n_epps,
+        tls=tls,
+        per_epp_args=per_epp_args,
+        **envoy_options,
+    )
+    return envoy, metrics[0]
+
+
+def start_epps_behind_envoy(
+    pg: ProcessGroup,
+    epp_args: Sequence[str],
+    request_body_mode: str = "FULL_DUPLEX_STREAMED",
+    response_path: bool = True,
+    *,
+    n_epps: int = 1,
+    tls: bool = False,
+    per_epp_args: Sequence[Sequence[str]] = (),
+    **envoy_options: Any,
+) -> tuple[RunningEnvoy, list[int]]:
+    """`start_epp_behind_envoy` returning every EPP's metrics port."""
+    if n_epps < 1:
+        raise ValueError(f"n_epps must be >= 1, got {n_epps}")
+    ports: list[tuple[int, int]] = []
+    metrics: list[int] = []
+    for i in range(n_epps):
+        grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
+        argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
+        argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port)]
+        argv += [*epp_args, *(per_epp_args[i] if i < len(per_epp_args) else ())]
+        argv += ["--response-path", "on" if response_path else "off"]
+        argv += ["--secure-serving"] if tls else []
+        name = "epp" if i == 0 else f"epp-{i}"
+        pg.start(name, argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+        ports.append((grpc_port, health_port))
+        metrics.append(metrics_port)
     envoy = start_envoy(
         pg,
         EnvoyOptions(
             listener_port=free_port(),
             admin_port=free_port(),
-            epp_grpc_port=grpc_port,
-            epp_health_port=health_port,
+            epp_grpc_port=ports[0][0],
+            epp_health_port=ports[0][1],
             listen_address="127.0.0.1",
             request_body_mode=request_body_mode,
             response_headers=response_path,
             response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",
+            epp_tls=tls,
+            extra_epps=tuple(ports[1:]),
             **envoy_options,
         ),
         timeout=60,
     )
-    return envoy, metrics_port
+    return envoy, metrics
 
 
 @dataclass
@@ -112,6 +159,10 @@ class LocalStack:
     sidecars: list[SimProcess] = field(default_factory=list)
     # further EnvoyOptions fields for the EPP's Envoy (e.g. failure_mode_allow=True)
     envoy_options: dict[str, Any] = field(default_factory=dict)
+    # Several EPP replicas behind the one Envoy (active-active), and TLS on ext_proc.
+    n_epps: int = 1
+    epp_tls: bool = False
+    epp_metrics_ports: list[int] = field(default_factory=list)
 
     def start(self) -> LocalStack:
         self.pg = ProcessGroup(self.run_dir)
@@ -125,13 +176,16 @@ class LocalStack:
                     self._start_sim(sim)
                     self.sims.append(sim)
                 endpoint_args = [f"--endpoint={s.name}={s.hostport}" for s in self.sims]
-            self.envoy, self.epp_metrics_port = start_epp_behind_envoy(
+            self.envoy, self.epp_metrics_ports = start_epps_behind_envoy(
                 self.pg,
                 [*endpoint_args, *self.epp_args],
                 self.request_body_mode,
                 self.response_path,
+                n_epps=self.n_epps,
+                tls=self.epp_tls,
                 **self.envoy_options,
             )
+            self.epp_metrics_port = self.epp_metrics_ports[0]
         except BaseException:
             self.stop()
             raise

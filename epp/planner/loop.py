@@ -14,6 +14,13 @@ Standalone (`epp planner --prometheus URL`), an `ObservationSource` replaces the
 datastore and the hand-over queue: pool samples and the interval's request statistics
 come from Prometheus (`source.py`); an interval it cannot read is not decided on.
 
+Leader election (several EPP replicas, epp/election/): the thread asks its `elector`
+at every tick. A follower samples the pool but never decides, starts or stops anything
+(and never touches the connector's state); a connector that can mirror the leader's
+pool (`follow()`, the local connector's statefile) is asked to. The first tick that finds
+it leading takes over (`take_over`: the connector adopts what runs, brings each role up
+to the floor); a leader that loses its lease stops acting at that tick.
+
 The tick source is injected: `ClockTicks` sleeps on the wall clock (and can be woken
 early), `ManualTicks` is advanced by hand in tests (no sleeps, no timing). The
 datastore is read from this thread: its snapshot is a list of immutable views and its
@@ -34,6 +41,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from epp.datastore import Datastore
+from epp.election.base import AlwaysLeader, Elector
 from epp.observability import PLANNER_DROPPED
 from epp.planner.connectors.base import Connector, apply
 from epp.planner.record import DecisionRecorder
@@ -135,6 +143,8 @@ class PlannerThread:
         no_operation: bool = False,
         queue_cap: int = QUEUE_CAP,
         source: ObservationSource | None = None,
+        elector: Elector | None = None,
+        floor: int = 0,
     ) -> None:
         self.policy = policy
         self.datastore = datastore
@@ -153,6 +163,10 @@ class PlannerThread:
         self.decisions: deque[Decision] = deque(maxlen=1000)  # the latest, for tests/debug
         self.last_apply: concurrent.futures.Future | None = None
         self._wakes: set[asyncio.Future] = set()
+        self.elector: Elector = elector or AlwaysLeader()
+        self.floor = floor  # min-endpoint: each role's replicas on taking over
+        self.acting = False  # took over and still leads: the only state that acts
+        self.took_over = False  # the connector was started (so it must be stopped)
         self._thread = threading.Thread(target=self._run, name="epp-planner", daemon=True)
 
     # ---- feeds, called on the request loop --------------------------------
@@ -176,6 +190,9 @@ class PlannerThread:
         Start one replica for every role that has none, at once (as Knative's activator
         makes its autoscaler leave zero without waiting for a window), and tick now so
         the next decision sees the waiting demand. With no-operation: log only."""
+        if not self.acting:  # a follower: the leader's planner starts the replica
+            self.ticks.wake()
+            return
         for role, have in self.connector.replicas().items():
             if have.active > 0:
                 continue
@@ -204,12 +221,42 @@ class PlannerThread:
             except Exception:  # a failing step must not end the planner
                 log.exception("planner tick at %.3f failed", now)
 
+    # ---- leadership --------------------------------------------------------
+    async def take_over(self) -> None:
+        """On the loop: adopt what already runs (a statefile, a cluster's state) and bring
+        each role up to the floor; then this planner acts."""
+        await self.connector.start()
+        self.took_over = True
+        unfollow = getattr(self.connector, "unfollow", None)
+        if unfollow is not None:  # drop what it mirrored as a follower and did not adopt
+            unfollow()
+        for role, have in self.connector.replicas().items():
+            if have.active < self.floor:
+                await self.connector.set_replicas(role, self.floor)
+        self.acting = True
+
+    def _check_leader(self) -> bool:
+        """Follow the election: take over when it is won, stop acting when it is lost."""
+        leads = self.elector.is_leader()
+        if leads and not self.acting:
+            log.info("planner: %s leads: taking over", self.elector.identity)
+            asyncio.run_coroutine_threadsafe(self.take_over(), self.loop).result(timeout=600)
+        elif not leads and self.acting:
+            log.warning("planner: %s no longer leads: not acting", self.elector.identity)
+            self.acting = False
+        if not self.acting:
+            follow = getattr(self.connector, "follow", None)
+            if follow is not None:  # mirror the leader's pool into this EPP's datastore
+                self.loop.call_soon_threadsafe(follow)
+        return self.acting
+
     # ---- one tick, on the planner thread ----------------------------------
     def tick(self, now: float) -> Decision | None:
         if self.window is None:
             self.window = IntervalWindow(now)
             self._next_sample = now
             self._next_adjust = now + self.policy.interval_s
+        leads = self._check_leader()
         self._drain_news()
         if now >= self._next_sample:
             self.window.sample(self._pool_samples())
@@ -217,6 +264,9 @@ class PlannerThread:
         if now < self._next_adjust:
             return None
         self._next_adjust = now + self.policy.interval_s
+        if not leads:  # a follower keeps one interval of history for when it takes over
+            self.window = IntervalWindow(now)
+            return None
         refresh = getattr(self.connector, "refresh", None)
         if refresh is not None:  # a connector that reads its state remotely (Kubernetes)
             asyncio.run_coroutine_threadsafe(refresh(), self.loop).result(timeout=30)
@@ -284,6 +334,7 @@ def build_live_planner(
     pool: str = "default",
     ticks: Ticks | None = None,
     source: ObservationSource | None = None,
+    elector: Elector | None = None,
 ) -> PlannerThread:
     """The policy the planner file's `mode` picks, the connector its `environment`
     picks (local, virtual or kubernetes), the recorder its `log-dir` names, behind one thread."""
@@ -321,20 +372,24 @@ def build_live_planner(
         recorder,
         no_operation=config.planner.no_operation,
         source=source,
+        elector=elector,
+        floor=config.budget.min_endpoint,
     )
 
 
 async def start_live_planner(planner: PlannerThread, floor: int) -> None:
-    """Adopt what the statefile names, bring each role up to `floor` (min-endpoint),
-    then start the thread."""
-    await planner.connector.start()
-    for role, have in planner.connector.replicas().items():
-        if have.active < floor:
-            await planner.connector.set_replicas(role, floor)
+    """If this EPP leads (always, without an election): adopt what the statefile names,
+    bring each role up to `floor` (min-endpoint). Then start the thread; a follower's
+    thread takes over when it wins the election."""
+    planner.floor = floor
+    if planner.elector.is_leader():
+        await planner.take_over()
     planner.start()
 
 
 async def stop_live_planner(planner: PlannerThread) -> None:
-    """End the thread, then stop every replica the connector owns."""
+    """End the thread, then stop every replica the connector owns. A follower never
+    started its connector: it stops nothing (the leader's replicas and statefile stay)."""
     await asyncio.to_thread(planner.stop)
-    await planner.connector.stop()
+    if planner.took_over:
+        await planner.connector.stop()

@@ -23,6 +23,12 @@ from a command template per role (`epp sim --port {port}`, or a real vLLM comman
   EPP adopts every recorded replica that still runs its recorded command and answers
   its health check; the others are forgotten (and killed if their group still lives).
 
+- **Follow** (several EPPs, one leader: epp/election/): a follower's planner never
+  starts this connector; `follow()` mirrors the leader's statefile into the follower's
+  datastore (the replicas whose recorded pid still runs its command), so every EPP
+  routes over the same pool; the scraper's health gating keeps a replica that is still
+  loading out. `unfollow()` on taking over drops what was mirrored and not adopted.
+
 Replicas outlive an EPP that is killed (SIGKILL, crash), so a restart adopts them; a
 clean exit (`epp serve` stopping on SIGINT/SIGTERM) stops every replica it owns, so
 nothing is orphaned. Not armed with PR_SET_PDEATHSIG for that reason.
@@ -130,6 +136,7 @@ class LocalConnector:
         self._next = 0
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
+        self._mirrored: set[str] = set()
 
     # ---- views (any thread) ------------------------------------------------
     def replicas(self) -> Mapping[Role, Replicas]:
@@ -349,6 +356,31 @@ class LocalConnector:
         return _runs(rec.pid, rec.argv) or bool(
             rec.sidecar_pid and _runs(rec.sidecar_pid, rec.sidecar_argv)
         )
+
+    # ---- a follower's view (on the loop) -------------------------------------
+    def follow(self) -> None:
+        """Mirror the leader's statefile: its live replicas become this datastore's."""
+        try:
+            records = decode(self.statefile.read_text(), str(self.statefile))
+        except FileNotFoundError:
+            records = []
+        except Exception as e:  # the leader rewrites it atomically; a bad one is skipped
+            log.debug("planner: follower cannot read %s: %s", self.statefile, e)
+            return
+        live = {r.name: r for r in records if r.role in self.roles and _runs(r.pid, r.argv)}
+        for name in self._mirrored - set(live):
+            self.datastore.remove_endpoint(name)
+        known = {e.name: e for e in self.datastore.endpoints()}
+        for rec in live.values():
+            ep = self._endpoint(rec)
+            if known.get(rec.name) != ep:
+                self.datastore.add_endpoint(ep)
+        self._mirrored = set(live)
+
+    def unfollow(self) -> None:
+        for name in self._mirrored - set(self._workers):
+            self.datastore.remove_endpoint(name)
+        self._mirrored = set()
 
     # ---- the statefile -----------------------------------------------------
     def _save(self) -> None:

@@ -1,0 +1,110 @@
+"""Two `epp serve` replicas behind one real Envoy (active-active): Envoy spreads the
+requests over both, and the precise prefix index stays the same in both because each
+subscribes to every simulator's KV events (`mode: connect`: each simulator binds its own
+`tcp://*:PORT`, as vLLM does for an endpoint with `*`, and every EPP dials every one).
+
+A prefix's first request lands on some server X; once BOTH replicas have applied its
+BlockStored events (speculative indexing off: nothing else can make the prefix stick),
+every follow-up goes to X, whichever replica Envoy hands it to, and both replicas
+handled some of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from epp.harness.localstack import start_epps_behind_envoy
+from epp.harness.procs import HttpReady, ProcessGroup, free_port
+from tests.e2e.conftest import SIM_ARGS
+from tests.e2e.test_prefix_routing import (
+    BLOCK_SIZE,
+    TIMEOUT,
+    metric_sum,
+    post_ok,
+    question,
+    system_prompt,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = f"""\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-producer
+  parameters:
+    mode: connect               # dial every server's publisher (its epp.kv-events-port label)
+    tokenizer: simple
+    blockSizeTokens: {BLOCK_SIZE}
+    speculativeIndexing: false  # only KV events can make a prefix stick
+- type: precise-prefix-cache-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+def start_sims(pg: ProcessGroup, n: int) -> tuple[list[str], list[str]]:
+    """`n` simulators, each publishing KV events on its own bound port; their URLs and the
+    EPP's --endpoint flags (with the publisher port as a label)."""
+    urls, flags = [], []
+    for i in range(n):
+        port, kv_port = free_port(), free_port()
+        kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{kv_port}"}
+        argv = ["-m", "epp.cli", "sim", "--port", str(port), "--name-prefix", f"sim-{i}"]
+        argv += [*SIM_ARGS, "--block-size", str(BLOCK_SIZE), "--kv-events-config", json.dumps(kv)]
+        url = f"http://127.0.0.1:{port}"
+        pg.start(f"sim-{i}", [sys.executable, *argv], ready=HttpReady(url + "/health"), timeout=60)
+        urls.append(url)
+        flags.append(f"--endpoint=sim-{i}=127.0.0.1:{port};epp.kv-events-port={kv_port}")
+    return urls, flags
+
+
+async def test_two_replicas_share_the_precise_prefix_index(tmp_path: Path):
+    config = tmp_path / "precise-connect.yaml"
+    config.write_text(CONFIG)
+    with ProcessGroup(tmp_path / "run") as pg:
+        _, flags = start_sims(pg, 3)
+        envoy, metrics = start_epps_behind_envoy(pg, [*flags, "--config", str(config)], n_epps=2)
+        epps = [f"http://127.0.0.1:{m}" for m in metrics]
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+
+            async def stored(epp: str) -> float:
+                return await metric_sum(http, epp, "epp_kv_events_total", 'type="BlockStored"')
+
+            async def attempts(epp: str) -> float:
+                return await metric_sum(http, epp, "inference_extension_scheduler_attempts_total")
+
+            async def pool_ready() -> bool:
+                for epp in epps:
+                    async with http.get(epp + "/debug/endpoints") as r:
+                        rows = await r.json()
+                    if len(rows) != 3 or not all(row["healthy"] for row in rows):
+                        return False
+                return True
+
+            await wait_for(pool_ready, 30, "both EPPs to see the three simulators healthy")
+            prefix = system_prompt("replicas")
+            before = [await stored(e) for e in epps]
+            first = await post_ok(http, envoy.url, prefix + question(0))
+
+            async def both_indexed() -> bool:
+                return all([await stored(e) > b for e, b in zip(epps, before, strict=True)])
+
+            await wait_for(both_indexed, 15, "BlockStored events to reach BOTH replicas")
+            handled0 = [await attempts(e) for e in epps]
+            follow = [await post_ok(http, envoy.url, prefix + question(i)) for i in range(1, 11)]
+            handled = [await attempts(e) - h for e, h in zip(epps, handled0, strict=True)]
+
+    where = Counter(r.server for r in follow)
+    assert where == Counter({first.server: 10}), where  # same index in both replicas
+    assert sum(handled) == 10 and min(handled) >= 1, handled  # both replicas routed some
