@@ -58,9 +58,9 @@ from epp.extproc.server import (
     StreamLimits,
     start_grpc_servers,
 )
+from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
-from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info
