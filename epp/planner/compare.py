@@ -141,28 +141,33 @@ def compare(
     seed: int = 0,
     spares: Spares | None = None,
     progress: Callable[[str], Progress] | None = None,
+    reuse: Mapping[str, Result] | None = None,
 ) -> list[Result]:
-    """static-peak, static-mean, then each factory's policy, in `ORDER`."""
+    """static-peak, static-mean, then each factory's policy, in `ORDER`. `reuse`: results
+    to take as they are instead of replaying (a start-up sweep's static pools, which
+    start ready and never scale, so the delay cannot change them)."""
     spares = spares or Spares()
+    reuse = reuse or {}
 
     def hook(name: str) -> Progress | None:
         return progress(name) if progress else None
 
-    out = [static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))]
     n = setup.mean.replicas
-    mean = StaticPolicy("static-mean", n, setup.interval_s)
-    out.append(
-        run_policy(
+    out = [
+        reuse.get("static-peak")
+        or static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak")),
+        reuse.get("static-mean")
+        or run_policy(
             arrivals,
-            mean,
+            StaticPolicy("static-mean", n, setup.interval_s),
             setup,
             n,
             seed=seed,
             spares=spares,
             progress=hook("static-mean"),
             note=f"{n} from an average interval",
-        )
-    )
+        ),
+    ]
     for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
         policy = factories[name]()
         out.append(

@@ -1,6 +1,8 @@
-"""The replay's timeline plot: replicas and latency over time, one line per policy.
+"""The replay's plots: the timeline (replicas and latency over time, one line per
+policy) and the Pareto view (GPU-hours against request attainment, one point per policy
+and start-up delay; issue 15 item 5).
 
-I/O (matplotlib, writes a PNG); the numbers come from `outcome.Summary.rows`.
+I/O (matplotlib, writes a PNG); the numbers come from `outcome.Summary`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,68 @@ def plot_replay(path: Path, results: Sequence[Result], setup: Setup) -> None:
         f"epp plan replay: {setup.shape.sim.preset}, start-up {setup.shape.startup_s:g} s, "
         f"{setup.interval_s:g} s intervals"
     )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+MARKERS = "os^Dv<>Ph*X"
+
+
+def plot_pareto(
+    path: Path, runs: Sequence[tuple[Setup, Sequence[Result]]], *, title: str = ""
+) -> None:
+    """One point per policy and start-up delay: x = GPU-hours, y = share of requests
+    meeting both SLAs. A policy keeps its colour, a start-up delay its marker; the
+    policies no other point beats on both axes (the Pareto front) are joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    names: list[str] = []
+    startups: list[float] = []
+    points: list[tuple[float, float]] = []
+    for setup, results in runs:
+        startup = setup.shape.startup_s
+        if startup not in startups:
+            startups.append(startup)
+        marker = MARKERS[startups.index(startup) % len(MARKERS)]
+        for res in results:
+            s = res.summary
+            if s.policy not in names:
+                names.append(s.policy)
+            color = f"C{names.index(s.policy) % 10}"
+            ax.scatter(s.gpu_hours, 100 * s.sla_requests, color=color, marker=marker, s=50)
+            ax.annotate(
+                f"{s.policy} {startup:g}s",
+                (s.gpu_hours, 100 * s.sla_requests),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+            points.append((s.gpu_hours, 100 * s.sla_requests))
+    front = sorted(
+        p for p in points if not any(q != p and q[0] <= p[0] and q[1] >= p[1] for q in points)
+    )
+    if len(front) > 1:
+        ax.plot(*zip(*front, strict=True), color="0.6", lw=1, ls=":", zorder=0)
+    for i, name in enumerate(names):
+        ax.scatter([], [], color=f"C{i % 10}", marker="o", label=name)
+    for j, startup in enumerate(startups):
+        ax.scatter(
+            [], [], color="k", marker=MARKERS[j % len(MARKERS)], label=f"start-up {startup:g} s"
+        )
+    sla = runs[0][0].sla if runs else None
+    ax.set_xlabel("GPU-hours (starting and draining replicas included)")
+    ax.set_ylabel("requests within both SLAs (%)")
+    head = f"{title}: " if title else ""
+    if sla is not None:
+        head += f"SLA p90 TTFT {sla.ttft_ms:g} ms, ITL {sla.itl_ms:g} ms"
+    ax.set_title(head + " (up and left is better)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
