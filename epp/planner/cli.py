@@ -248,6 +248,7 @@ def _replay(args: argparse.Namespace) -> int:
             "trace": args.trace,
             "rate_scale": args.rate_scale or 1.0,
             "requests": len(arrivals),
+            "last_arrival_s": round(arrivals[-1].t_s, 3),
         }
         if len(runs) == 1:
             write_json(Path(args.json), runs[0][1], runs[0][0], preset.name, meta)
