@@ -547,9 +547,14 @@ def _describe(setup: cmp.Setup, preset: str, args: argparse.Namespace, say: _Say
         if setup.sla_picked
         else "given"
     )
+    startup = (
+        f"start-up sweep {args.sweep_startup} s"
+        if args.sweep_startup
+        else f"start-up {setup.shape.startup_s:g} s"
+    )
     say(
-        f"preset {preset}, {setup.shape.gpus_per_replica} GPU(s) per replica, start-up "
-        f"{setup.shape.startup_s:g} s, interval {setup.interval_s:g} s"
+        f"preset {preset}, {setup.shape.gpus_per_replica} GPU(s) per replica, {startup}, "
+        f"interval {setup.interval_s:g} s"
     )
     say(f"SLA: p90 TTFT <= {sla.ttft_ms:g} ms, p90 ITL <= {sla.itl_ms:g} ms ({how})")
     say(
