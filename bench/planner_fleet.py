@@ -3,7 +3,10 @@ single-policy runs' files, merged in by trace, rate scale and start-up delay) tu
 into one markdown table per trace and rate scale, with the `epp` row checked against
 the issue's targets.
 
-    .venv/bin/python bench/planner_fleet.py RUN.json [RUN.json ...]
+    .venv/bin/python bench/planner_fleet.py RUN.json [RUN.json ...] [--pareto-dir DIR]
+
+`--pareto-dir` draws the Pareto view of each trace and rate scale from the merged runs
+(`plots.plot_pareto`), so policies replayed in separate runs share one plot.
 
 Each `epp` row is judged on (issue 15 "What it must show"):
 - >= 99 % of requests within both SLAs, >= 95 % in every 5-minute window;
@@ -23,6 +26,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BASELINES = ("llm-d-slo", "keda-queue", "dynamo")
 ORDER = ("oracle", "static-peak", "static-mean", "keda-queue", "llm-d-slo", "load", "dynamo",
@@ -119,6 +124,28 @@ def table(key: tuple[str, float], by_startup: dict[float, dict[str, Any]]) -> st
     return "\n".join([*lines, "", "`epp` against the targets:", *verdicts, ""])
 
 
+def pareto(key: tuple[str, float], by_startup: dict[float, dict[str, Any]], out: Path) -> Path:
+    from epp.planner.outcome import Sla
+    from epp.planner.plots import ParetoPoint, plot_pareto
+
+    trace, scale = key
+    points = [
+        ParetoPoint(
+            name,
+            startup,
+            p["gpu_hours"],
+            p["sla_requests"],
+            static=p["actions"] == 0 and name.startswith("static"),
+        )
+        for startup in sorted(by_startup)
+        for name, p in by_startup[startup]["policies"].items()
+    ]
+    sla = next(iter(by_startup.values()))["run"]["sla"]
+    path = out / f"{Path(trace).stem}-x{scale:g}-pareto.png"
+    plot_pareto(path, points, title=f"{trace} x{scale:g}", sla=Sla(sla["ttft_ms"], sla["itl_ms"]))
+    return path
+
+
 def _r(x: float, base: float | None) -> str:
     return f"{x / base:.2f}" if base else "-"
 
@@ -126,10 +153,13 @@ def _r(x: float, base: float | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="+", type=Path)
+    ap.add_argument("--pareto-dir", type=Path, help="draw each trace's Pareto view here")
     args = ap.parse_args()
     merged = merge(args.json)
     for key in sorted(merged):
         print(table(key, merged[key]))
+        if args.pareto_dir:
+            print(f"(wrote {pareto(key, merged[key], args.pareto_dir)})\n")
     return 0
 
 

@@ -262,9 +262,12 @@ def _replay(args: argparse.Namespace) -> int:
             plot_replay(path, results, at)
             say(f"wrote {path}")
     if args.pareto:
-        from epp.planner.plots import plot_pareto
+        from epp.planner.plots import pareto_points, plot_pareto
 
-        plot_pareto(Path(args.pareto), runs, title=Path(args.trace).name)
+        title = Path(args.trace).name
+        if args.rate_scale is not None and args.rate_scale != 1:
+            title += f" x{args.rate_scale:g}"
+        plot_pareto(Path(args.pareto), pareto_points(runs), title=title, sla=setup.sla)
         say(f"wrote {args.pareto}")
     return 0
 
