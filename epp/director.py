@@ -30,7 +30,12 @@ from epp.observability import (
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import PreRequest
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import ProfileResult, SchedulingResult
+from epp.scheduling.types import (
+    PREFIX_MATCH_KEY,
+    CachedPrompt,
+    ProfileResult,
+    SchedulingResult,
+)
 
 log = logging.getLogger("epp.director")
 
@@ -185,7 +190,7 @@ class Director:
             result=result,
             labels=(model, target),
         )
-        self._hold(decision, request, result.profile_results.values())
+        self._hold(decision, request, result)
         RUNNING_REQUESTS.labels(model).inc()
         for sink in self.admission_sinks:
             sink(request.prompt_tokens_estimate)
@@ -211,12 +216,19 @@ class Director:
         self,
         decision: RoutingDecision,
         request: InferenceRequest,
-        results: object,
+        result: SchedulingResult,
     ) -> None:
+        """Count the request against each profile's pick. Its prompt counts only the part
+        the pick does not hold in cache when a prefix producer ran (as llm-d counts it): an
+        8,500-token prompt with 8,000 cached is 500 tokens of prefill, and counting all of
+        it made the affinity gate leave a cached server for a cold one (issue 16)."""
         prompt, output = request.prompt_tokens_estimate, request.expected_output_tokens
-        for res in results:  # type: ignore[attr-defined]
+        cached: CachedPrompt | None = result.cycle_state.read(PREFIX_MATCH_KEY)
+        for res in result.profile_results.values():
             if isinstance(res, ProfileResult) and res.targets:
-                hold = Hold(res.targets[0].name, prompt, output)
+                name = res.targets[0].name
+                hit = cached.cached_tokens(name) if cached is not None else 0
+                hold = Hold(name, max(0, prompt - hit), output)
                 decision.held.append(hold)
                 self.datastore.acquire(hold.name, hold.prompt_tokens, hold.output_tokens)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.planner import compare as cmp
+from epp.planner.laws.catalog import LAW_NAMES, law_factories
 from epp.planner.outcome import Sla, Summary
 from epp.planner.pool import PoolShape, Spares
 from epp.planner.replay import Arrival, Progress
@@ -40,6 +41,8 @@ DEFAULT_INTERVAL_S = 60.0  # Dynamo's examples and tests use 60 s (reference §1
 DEFAULT_STARTUP_S = 120.0
 PLANNER_POLICIES = ("load", "dynamo", "epp")
 MODE_OF = {"load": "load", "dynamo": "dynamo", "epp": "sla"}
+# results a start-up sweep replays once: static pools never scale, the oracle starts at once
+STARTUP_FREE = (*STATIC_NAMES, "oracle")
 
 
 class UsageError(Exception):
@@ -59,13 +62,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--compare",
         action="store_true",
-        help="run static-peak, static-mean, load, dynamo and epp side by side",
+        help="run static-peak, static-mean, oracle, keda-queue, llm-d-slo, load, dynamo "
+        "and epp side by side (or those --policies names)",
+    )
+    r.add_argument(
+        "--policies",
+        metavar="A,B,...",
+        help="with --compare: only these policies (comma-separated names)",
     )
     r.add_argument(
         "--policy",
         metavar="NAME",
         help="the one policy to replay without --compare: epp, dynamo, load, "
-        "static-peak or static-mean (default: the planner file's mode, else epp)",
+        "keda-queue, llm-d-slo, oracle, static-peak or static-mean (default: epp)",
     )
     r.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
     r.add_argument("--plot", metavar="FILE", help="write replicas and latency over time (PNG)")
@@ -169,6 +178,7 @@ def _replay(args: argparse.Namespace) -> int:
     from epp.planner.tracefile import load_trace
     from epp.sim import presets
 
+    names = _policy_names(args)  # before any work: a bad name fails at once
     if args.rate_scale is not None and not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
         raise UsageError("--rate-scale must be a positive number")
     arrivals = load_trace(args.trace)
@@ -213,16 +223,24 @@ def _replay(args: argparse.Namespace) -> int:
     setup = dataclasses.replace(setup, budget_gpus=_budget(args, setup))
     _describe(setup, preset.name, args, say)
 
-    names = _policy_names(args)
-    planners = [n for n in names if n not in STATIC_NAMES]
+    planners = [n for n in names if n in PLANNER_POLICIES]
     profile = _shared_profile(planners, args, setup, say)
+    laws = law_factories(
+        [n for n in names if n in LAW_NAMES],
+        arrivals,
+        sla=setup.sla,
+        interval_s=setup.interval_s,
+        shape=setup.shape,
+        budget_gpus=setup.budget_gpus,
+        sizer=sizer,
+    )
     runs: list[tuple[cmp.Setup, list[cmp.Result]]] = []
-    statics: dict[str, cmp.Result] = {}
+    fixed: dict[str, cmp.Result] = {}
     for startup in startups:
-        # Static pools start ready and never scale: the start-up delay cannot change
-        # them, so a sweep replays them once.
+        # Static pools start ready and never scale, the oracle starts instantly: the
+        # start-up delay cannot change them, so a sweep replays them once.
         at = dataclasses.replace(setup, shape=dataclasses.replace(shape, startup_s=startup))
-        factories = _factories(planners, args, at, say, profile)
+        factories = _factories(planners, args, at, say, profile) | laws
         started = time.monotonic()
         if args.compare:
             results = cmp.compare(
@@ -232,9 +250,10 @@ def _replay(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 spares=spares,
                 progress=say.progress,
-                reuse=statics,
+                statics=[n for n in names if n in STATIC_NAMES],
+                reuse=fixed,
             )
-            statics = {r.summary.policy: r for r in results if r.summary.policy in STATIC_NAMES}
+            fixed = {r.summary.policy: r for r in results if r.summary.policy in STARTUP_FREE}
         else:
             results = [_single(names[0], arrivals, at, factories, args, spares, say)]
             print_intervals(results[0].summary, at)
@@ -342,13 +361,16 @@ def _single(
         return cmp.static_peak(
             arrivals, setup, seed=args.seed, spares=spares, progress=say.progress(name)
         )
-    n = setup.mean.replicas
-    policy: Policy = (
-        StaticPolicy(name, n, setup.interval_s) if name == "static-mean" else factories[name]()
-    )
-    return cmp.run_policy(
-        arrivals, policy, setup, n, seed=args.seed, spares=spares, progress=say.progress(name)
-    )
+    if name == "static-mean":
+        n = setup.mean.replicas
+        policy: Policy = StaticPolicy(name, n, setup.interval_s)
+        return cmp.run_policy(
+            arrivals, policy, setup, n, seed=args.seed, spares=spares, progress=say.progress(name)
+        )
+    return cmp.run_factory(
+        arrivals, name, factories[name], setup, seed=args.seed, spares=spares,
+        progress=say.progress(name),
+    )  # fmt: skip
 
 
 def _given_sla(args: argparse.Namespace) -> Sla | None:
@@ -358,11 +380,20 @@ def _given_sla(args: argparse.Namespace) -> Sla | None:
 
 
 def _policy_names(args: argparse.Namespace) -> list[str]:
-    known = (*STATIC_NAMES, *PLANNER_POLICIES)
+    known = (*STATIC_NAMES, *LAW_NAMES, *PLANNER_POLICIES)
+    if args.policies is not None and not args.compare:
+        raise UsageError("--policies selects what --compare runs; give --compare, or --policy")
     if args.compare:
         if args.policy:
             raise UsageError("--policy picks the one policy to replay; drop it with --compare")
-        return list(known)
+        if args.policies is None:
+            return list(known)
+        chosen = [n.strip() for n in args.policies.split(",") if n.strip()]
+        bad = [n for n in chosen if n not in known]
+        if bad or not chosen:
+            what = f"unknown policy {bad[0]!r}" if bad else "--policies names no policy"
+            raise UsageError(f"{what}; choose from {', '.join(known)}")
+        return list(dict.fromkeys(chosen))
     name = args.policy or "epp"
     if name not in known:
         raise UsageError(f"unknown policy {name!r}; choose one of {', '.join(known)}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from epp.datastore import EndpointSnapshot
 
@@ -28,6 +28,17 @@ class CycleState:
 
     def __contains__(self, key: str) -> bool:
         return key in self._data
+
+
+# The key prefix producers write their match under (plugins/prefix/match_info.py). The
+# framework reads one thing from it, through `CachedPrompt`: how many prompt tokens the
+# picked endpoint will serve from its cache, so in-flight prefill work counts only the
+# uncached part (llm-d subtracts it the same way).
+PREFIX_MATCH_KEY = "prefix-match"
+
+
+class CachedPrompt(Protocol):
+    def cached_tokens(self, endpoint_name: str) -> int: ...
 
 
 @dataclass(slots=True)
