@@ -3,6 +3,8 @@ of the 8B preset, and macro-stepping against single-stepping on the same slice.
 
     .venv/bin/python bench/planner_replay.py                 # the table in docs/BENCHMARKS.md
     .venv/bin/python bench/planner_replay.py --repeats 1     # quicker
+    .venv/bin/python bench/planner_replay.py --rate-scale 17 --time-limit 120 \
+        --replicas 50 --repeats 1 --no-slice                 # fleet scale (issue 15)
 
 Each run replays the whole trace (every request, every engine step) through a static
 pool of N replicas (`static-peak`-like: no scaling, so the figure is the pool model's
@@ -28,6 +30,7 @@ from epp.planner.pool import PoolShape, Spares  # noqa: E402
 from epp.planner.replay import replay  # noqa: E402
 from epp.planner.static import StaticPolicy  # noqa: E402
 from epp.planner.tracefile import load_trace  # noqa: E402
+from epp.planner.tracegen import scale_rate  # noqa: E402
 from epp.sim import presets  # noqa: E402
 
 TRACES = Path("/work/shared/traces")
@@ -46,8 +49,13 @@ def main() -> int:
     ap.add_argument("--replicas", default="4,8,16", help="pool sizes (comma-separated)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--slice", type=float, default=300.0, help="seconds for the ratio run")
+    ap.add_argument("--no-slice", action="store_true", help="skip the macro/single ratio run")
+    ap.add_argument("--rate-scale", type=float, default=1.0, help="tracegen.scale_rate's k")
+    ap.add_argument("--time-limit", type=float, help="replay only the first S seconds")
     args = ap.parse_args()
-    arrivals = load_trace(args.trace)
+    arrivals = scale_rate(load_trace(args.trace), args.rate_scale)
+    if args.time_limit is not None:
+        arrivals = [a for a in arrivals if a.t_s < args.time_limit]
     caching = any(a.hash_ids for a in arrivals)
     sim = presets.config_for("llama-3.1-8b-h100", enable_prefix_caching=caching)
     shape = PoolShape(sim)
@@ -62,6 +70,8 @@ def main() -> int:
         cpu = statistics.median(r[1] for r in rows)
         print(f"{n:8d} {wall:8.1f} {cpu:8.1f} {rows[0][2]:10d} {span / wall:15.0f}")
 
+    if args.no_slice:
+        return 0
     part = [a for a in arrivals if a.t_s < args.slice]
     n = 4
     fast, slow = Spares(), Spares(macro=False)

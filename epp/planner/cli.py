@@ -41,6 +41,8 @@ DEFAULT_INTERVAL_S = 60.0  # Dynamo's examples and tests use 60 s (reference §1
 DEFAULT_STARTUP_S = 120.0
 PLANNER_POLICIES = ("load", "dynamo", "epp")
 MODE_OF = {"load": "load", "dynamo": "dynamo", "epp": "sla"}
+# results a start-up sweep replays once: static pools never scale, the oracle starts at once
+STARTUP_FREE = (*STATIC_NAMES, "oracle")
 
 
 class UsageError(Exception):
@@ -97,6 +99,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_STARTUP_S,
         metavar="S",
         help=f"a new replica's start-up delay (default {DEFAULT_STARTUP_S:g})",
+    )
+    r.add_argument(
+        "--sweep-startup",
+        metavar="S1,S2,...",
+        help="run the comparison once per start-up delay (seconds, e.g. 10,100,300); "
+        "replaces --startup-s",
+    )
+    r.add_argument(
+        "--pareto",
+        metavar="FILE",
+        help="write GPU-hours against request attainment, one point per policy and "
+        "start-up delay (PNG)",
     )
     r.add_argument(
         "--time-limit",
@@ -182,6 +196,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be a positive number of seconds")
     if not (args.startup_s >= 0 and math.isfinite(args.startup_s)):
         raise UsageError("--startup-s must be a non-negative number of seconds")
+    startups = _startups(args)
     for flag, v in (("--ttft", args.ttft), ("--itl", args.itl)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag} must be a positive number of milliseconds")
@@ -209,8 +224,8 @@ def _replay(args: argparse.Namespace) -> int:
     _describe(setup, preset.name, args, say)
 
     planners = [n for n in names if n in PLANNER_POLICIES]
-    factories = _factories(planners, args, setup, say)
-    factories |= law_factories(
+    profile = _shared_profile(planners, args, setup, say)
+    laws = law_factories(
         [n for n in names if n in LAW_NAMES],
         arrivals,
         sla=setup.sla,
@@ -219,31 +234,89 @@ def _replay(args: argparse.Namespace) -> int:
         budget_gpus=setup.budget_gpus,
         sizer=sizer,
     )
-    started = time.monotonic()
-    if args.compare:
-        results = cmp.compare(
-            arrivals,
-            setup,
-            factories,
-            seed=args.seed,
-            spares=spares,
-            progress=say.progress,
-            statics=[n for n in names if n in STATIC_NAMES],
-        )
-        print_comparison(results, setup)
-    else:
-        results = [_single(names[0], arrivals, setup, factories, args, spares, say)]
-        print_intervals(results[0].summary, setup)
-        print_comparison(results, setup)
-    say(f"replayed in {time.monotonic() - started:.1f} s wall")
+    runs: list[tuple[cmp.Setup, list[cmp.Result]]] = []
+    fixed: dict[str, cmp.Result] = {}
+    for startup in startups:
+        # Static pools start ready and never scale, the oracle starts instantly: the
+        # start-up delay cannot change them, so a sweep replays them once.
+        at = dataclasses.replace(setup, shape=dataclasses.replace(shape, startup_s=startup))
+        factories = _factories(planners, args, at, say, profile) | laws
+        started = time.monotonic()
+        if args.compare:
+            results = cmp.compare(
+                arrivals,
+                at,
+                factories,
+                seed=args.seed,
+                spares=spares,
+                progress=say.progress,
+                statics=[n for n in names if n in STATIC_NAMES],
+                reuse=fixed,
+            )
+            fixed = {r.summary.policy: r for r in results if r.summary.policy in STARTUP_FREE}
+        else:
+            results = [_single(names[0], arrivals, at, factories, args, spares, say)]
+            print_intervals(results[0].summary, at)
+        if len(startups) > 1:
+            print(f"\n== start-up {startup:g} s ==")
+        print_comparison(results, at)
+        say(f"replayed in {time.monotonic() - started:.1f} s wall")
+        runs.append((at, results))
     if args.json:
-        write_json(Path(args.json), results, setup, preset.name)
+        meta = {
+            "trace": args.trace,
+            "rate_scale": args.rate_scale or 1.0,
+            "requests": len(arrivals),
+            "last_arrival_s": round(arrivals[-1].t_s, 3),
+        }
+        if len(runs) == 1:
+            write_json(Path(args.json), runs[0][1], runs[0][0], preset.name, meta)
+        else:
+            write_sweep_json(Path(args.json), runs, preset.name, meta)
     if args.plot:
         from epp.planner.plots import plot_replay
 
-        plot_replay(Path(args.plot), results, setup)
-        say(f"wrote {args.plot}")
+        for at, results in runs:
+            path = _per_startup(Path(args.plot), at.shape.startup_s, len(runs))
+            plot_replay(path, results, at)
+            say(f"wrote {path}")
+    if args.pareto:
+        from epp.planner.plots import pareto_points, plot_pareto
+
+        title = Path(args.trace).name
+        if args.rate_scale is not None and args.rate_scale != 1:
+            title += f" x{args.rate_scale:g}"
+        plot_pareto(Path(args.pareto), pareto_points(runs), title=title, sla=setup.sla)
+        say(f"wrote {args.pareto}")
     return 0
+
+
+def _startups(args: argparse.Namespace) -> list[float]:
+    """`--sweep-startup 10,100,300`, else the one `--startup-s`."""
+    if args.sweep_startup is None:
+        return [args.startup_s]
+    out: list[float] = []
+    for part in args.sweep_startup.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            v = math.nan
+        if not (v >= 0 and math.isfinite(v)):
+            raise UsageError(
+                f"--sweep-startup {args.sweep_startup!r}: expected non-negative seconds "
+                "separated by commas, like 10,100,300"
+            )
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise UsageError(f"--sweep-startup {args.sweep_startup!r}: a delay is repeated")
+    return out
+
+
+def _per_startup(path: Path, startup: float, runs: int) -> Path:
+    """One timeline plot per start-up delay of a sweep: out.png -> out-startup100.png."""
+    if runs == 1:
+        return path
+    return path.with_name(f"{path.stem}-startup{startup:g}{path.suffix}")
 
 
 def _bursty(args: argparse.Namespace) -> int:
@@ -336,8 +409,25 @@ def _preset_gpus(name: str) -> int:
 # -- the planner's policies (epp.planner.planner, when present) -----------------------
 
 
-def _factories(
+def _shared_profile(
     names: Sequence[str], args: argparse.Namespace, setup: cmp.Setup, say: _Say
+) -> Any:
+    """The SLA policies' profile, loaded (or measured) once for every start-up delay."""
+    if not any(n in ("epp", "dynamo") for n in names):
+        return None
+    try:
+        import epp.planner.planner  # noqa: F401
+    except ImportError:
+        return None  # _factories says what is missing
+    return _profile(args, _planner_config(args), setup, say)
+
+
+def _factories(
+    names: Sequence[str],
+    args: argparse.Namespace,
+    setup: cmp.Setup,
+    say: _Say,
+    profile: Any = None,
 ) -> dict[str, cmp.PolicyFactory]:
     if not names:
         return {}
@@ -352,8 +442,7 @@ def _factories(
         say(f"note: {missing} not in this build (epp.planner.planner): compared without them")
         return {}
     base = _planner_config(args)
-    profile = None
-    if any(n in ("epp", "dynamo") for n in names):
+    if profile is None and any(n in ("epp", "dynamo") for n in names):
         profile = _profile(args, base, setup, say)
     out: dict[str, cmp.PolicyFactory] = {}
     for name in names:
@@ -492,9 +581,14 @@ def _describe(setup: cmp.Setup, preset: str, args: argparse.Namespace, say: _Say
         if setup.sla_picked
         else "given"
     )
+    startup = (
+        f"start-up sweep {args.sweep_startup} s"
+        if args.sweep_startup
+        else f"start-up {setup.shape.startup_s:g} s"
+    )
     say(
-        f"preset {preset}, {setup.shape.gpus_per_replica} GPU(s) per replica, start-up "
-        f"{setup.shape.startup_s:g} s, interval {setup.interval_s:g} s"
+        f"preset {preset}, {setup.shape.gpus_per_replica} GPU(s) per replica, {startup}, "
+        f"interval {setup.interval_s:g} s"
     )
     say(f"SLA: p90 TTFT <= {sla.ttft_ms:g} ms, p90 ITL <= {sla.itl_ms:g} ms ({how})")
     say(
@@ -523,21 +617,25 @@ def print_intervals(s: Summary, setup: cmp.Setup) -> None:
 
 def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
     peak = next((r for r in results if r.summary.policy == "static-peak"), None)
+    oracle = next((r for r in results if r.summary.policy == "oracle"), None)
     print(
         f"\nSLA p90 TTFT <= {setup.sla.ttft_ms:g} ms, p90 ITL <= {setup.sla.itl_ms:g} ms; "
         f"intervals of {setup.interval_s:g} s"
     )
     print(
         f"{'policy':<12} {'GPU-h':>7} {'vs peak':>7} {'intervals':>9} {'requests':>8} "
-        f"{'worst 5m':>8} {'actions':>7} {'revers.':>7} {'lost':>4} {'>budget':>7}  replicas"
+        f"{'worst 5m':>8} {'actions':>7} {'revers.':>7} {'lost':>4} {'>budget':>7} "
+        f"{'vs oracle':>9} {'to min s':>8}  replicas"
     )
     for r in results:
         s = r.summary
-        ratio = f"{s.gpu_hours / peak.summary.gpu_hours:.2f}" if peak else "-"
+        ratio = _ratio(s.gpu_hours, peak)
+        lag = "-" if math.isnan(s.to_min_pool_s) else f"{s.to_min_pool_s:.0f}"
         print(
             f"{s.policy:<12} {s.gpu_hours:7.2f} {ratio:>7} {s.sla_intervals:9.1%} "
             f"{s.sla_requests:8.1%} {s.worst_window:8.1%} {s.actions:7d} {s.reversals:7d} "
-            f"{s.lost:4d} {s.over_budget:7d}  {r.note or r.initial}"
+            f"{s.lost:4d} {s.over_budget:7d} {_ratio(s.gpu_hours, oracle):>9} {lag:>8}  "
+            f"{r.note or r.initial}"
         )
     rejected = max((r.summary.rejected for r in results), default=0)
     if rejected:
@@ -547,9 +645,31 @@ def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
         )
 
 
-def write_json(path: Path, results: Sequence[cmp.Result], setup: cmp.Setup, preset: str) -> None:
-    doc = {
-        "policies": [r.summary.as_json() | {"initial_replicas": r.initial} for r in results],
+def _ratio(gpu_hours: float, to: cmp.Result | None) -> str:
+    if to is None or not to.summary.gpu_hours > 0:
+        return "-"
+    return f"{gpu_hours / to.summary.gpu_hours:.2f}"
+
+
+def _run_doc(results: Sequence[cmp.Result], setup: cmp.Setup) -> dict[str, Any]:
+    """One comparison as JSON: every policy's verdict, its GPU-hours as a ratio to
+    static-peak's and the oracle's (null when that policy was not run), and the setup."""
+    by_name = {r.summary.policy: r.summary.gpu_hours for r in results}
+
+    def ratio(gpu_hours: float, name: str) -> float | None:
+        base = by_name.get(name)
+        return round(gpu_hours / base, 4) if base else None
+
+    return {
+        "policies": [
+            r.summary.as_json()
+            | {
+                "initial_replicas": r.initial,
+                "gpu_hours_vs_static_peak": ratio(r.summary.gpu_hours, "static-peak"),
+                "gpu_hours_vs_oracle": ratio(r.summary.gpu_hours, "oracle"),
+            }
+            for r in results
+        ],
         "sla": {
             "ttft_ms": setup.sla.ttft_ms,
             "itl_ms": setup.sla.itl_ms,
@@ -557,10 +677,37 @@ def write_json(path: Path, results: Sequence[cmp.Result], setup: cmp.Setup, pres
         },
         "interval_s": setup.interval_s,
         "startup_s": setup.shape.startup_s,
-        "preset": preset,
         "static_peak_replicas": setup.peak.replicas,
         "static_mean_replicas": setup.mean.replicas,
+        "budget_gpus": setup.budget_gpus,
     }
+
+
+def write_json(
+    path: Path,
+    results: Sequence[cmp.Result],
+    setup: cmp.Setup,
+    preset: str,
+    meta: dict[str, Any] | None = None,
+) -> None:
+    _write(path, (meta or {}) | _run_doc(results, setup) | {"preset": preset})
+
+
+def write_sweep_json(
+    path: Path,
+    runs: Sequence[tuple[cmp.Setup, Sequence[cmp.Result]]],
+    preset: str,
+    meta: dict[str, Any] | None = None,
+) -> None:
+    """`--sweep-startup`: one comparison per start-up delay under `startup_sweep`."""
+    doc = (meta or {}) | {
+        "preset": preset,
+        "startup_sweep": [_run_doc(results, setup) for setup, results in runs],
+    }
+    _write(path, doc)
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
     try:
         path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     except OSError as e:

@@ -180,10 +180,14 @@ def compare(
     spares: Spares | None = None,
     progress: Callable[[str], Progress] | None = None,
     statics: Sequence[str] = STATIC,
+    reuse: Mapping[str, Result] | None = None,
 ) -> list[Result]:
     """The `statics` asked for (both by default), then each factory's policy, in
-    `ORDER`."""
+    `ORDER`. `reuse`: results to take as they are instead of replaying (in a start-up
+    sweep, the static pools, which start ready and never scale, and the oracle, which
+    starts instantly: the delay cannot change them)."""
     spares = spares or Spares()
+    reuse = reuse or {}
 
     def hook(name: str) -> Progress | None:
         return progress(name) if progress else None
@@ -191,10 +195,13 @@ def compare(
     out = []
     if "static-peak" in statics:
         out.append(
-            static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))
+            reuse.get("static-peak")
+            or static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))
         )
     n = setup.mean.replicas
-    if "static-mean" in statics:
+    if "static-mean" in reuse and "static-mean" in statics:
+        out.append(reuse["static-mean"])
+    elif "static-mean" in statics:
         mean = StaticPolicy("static-mean", n, setup.interval_s)
         out.append(
             run_policy(
@@ -209,6 +216,9 @@ def compare(
             )
         )
     for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        if name in reuse:
+            out.append(reuse[name])
+            continue
         out.append(
             run_factory(
                 arrivals,

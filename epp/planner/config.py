@@ -182,6 +182,12 @@ class BeyondParams:
         "default: in the replays it sized smaller pools that missed the SLA more often "
         "(docs/BENCHMARKS.md 'Planner: option ablation')",
     )
+    cache_aware_prefill: bool = param(
+        True,
+        doc="size prefill on the prompt tokens not served from the prefix cache (usage "
+        "cached_tokens of the interval's requests), not the raw ISL Dynamo uses; a pool "
+        "that does not route by prefix reports no cached tokens, so there it changes nothing",
+    )
     idle_scale_down: bool = param(
         True,
         doc="an interval without traffic is demand 0 (scale towards min-endpoint); "

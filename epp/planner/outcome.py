@@ -15,10 +15,24 @@ trace plus the tail that serves its last requests).
 
 A reversal (issue 15 item 3) is a scaling action in the opposite direction of the
 previous one, within `reversal_window_s` (10 minutes) of it.
+
+Lost requests (issue 15: "failed or dropped by a scaling action") are those the run
+never answered: the replay's pool drains a removed replica instead of dropping its
+requests and cancels only starting replicas (which hold none), so a request is lost
+only when the policy leaves it waiting with no replica until the run gives up.
+
+Scale-down lag (issue 15 item 3, "time from the last request of a burst to the minimum
+pool"): a burst ends at an arrival followed by `burst_gap_s` (2 minutes) without one
+(the trace's last arrival is not one: the run ends when it is served). Its lag is the
+time from that arrival until the GPUs held (starting and draining replicas included)
+first fall to the fewest the run ever held; when they do not before the next arrival,
+the gap's length (a lower bound). The summary reports the mean over bursts, NaN for a
+trace without quiet gaps.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +43,7 @@ from epp.planner.types import Stats
 
 REVERSAL_WINDOW_S = 600.0
 WORST_WINDOW_S = 300.0
+BURST_GAP_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +95,8 @@ class Summary:
     worst_window_start: float
     peak_gpus: int
     over_budget: int = 0  # intervals whose most GPUs held at once exceeded the budget
+    bursts: int = 0  # quiet gaps of `burst_gap_s` or more after an arrival
+    to_min_pool_s: float = math.nan  # mean scale-down lag over those bursts (module doc)
 
     def as_json(self) -> dict[str, object]:
         """The `--json` record: issue 8's keys first, then the rest of the verdict."""
@@ -96,6 +113,10 @@ class Summary:
             "worst_5min_requests": round(self.worst_window, 4),
             "peak_gpus": self.peak_gpus,
             "intervals_over_budget": self.over_budget,
+            "bursts": self.bursts,
+            "to_min_pool_s": (
+                None if math.isnan(self.to_min_pool_s) else round(self.to_min_pool_s, 1)
+            ),
         }
 
 
@@ -107,6 +128,7 @@ def summarize(
     reversal_window_s: float = REVERSAL_WINDOW_S,
     worst_window_s: float = WORST_WINDOW_S,
     budget_gpus: int | None = None,
+    burst_gap_s: float = BURST_GAP_S,
 ) -> Summary:
     """`budget_gpus`: the GPU budget the policy was given, to count the intervals in
     which the replicas holding GPUs (starting and draining ones too) exceeded it."""
@@ -123,6 +145,7 @@ def summarize(
     met = sum(1 for s in run.served if sla.met(s))
     total = len(run.served) + run.lost
     worst, worst_at = _worst_window(buckets, sla, interval_s, worst_window_s)
+    lags = scale_down_lags(run, burst_gap_s)
     return Summary(
         policy=run.policy,
         rows=rows,
@@ -142,6 +165,8 @@ def summarize(
             if budget_gpus is None
             else sum(1 for r in rows if _peak_gpus(run, r.start, r.end) > budget_gpus)
         ),
+        bursts=len(lags),
+        to_min_pool_s=math.fsum(lags) / len(lags) if lags else math.nan,
     )
 
 
@@ -155,6 +180,43 @@ def reversals(run: Run, window_s: float = REVERSAL_WINDOW_S) -> int:
             count += 1
         prev_dir, prev_at = d, a.at
     return count
+
+
+def gpus_held(run: Run) -> list[tuple[float, int]]:
+    """The GPUs held as a step function: (time, GPUs held from then on), one point per
+    instant at which replicas started or released GPUs, in time order."""
+    deltas: dict[float, int] = {}
+    for lt in run.lifetimes:
+        if lt.released_at <= lt.started_at:
+            continue  # cancelled the instant it started: never held anything
+        deltas[lt.started_at] = deltas.get(lt.started_at, 0) + lt.gpus
+        deltas[lt.released_at] = deltas.get(lt.released_at, 0) - lt.gpus
+    held, out = 0, []
+    for t in sorted(deltas):
+        held += deltas[t]
+        out.append((t, held))
+    return out
+
+
+def scale_down_lags(run: Run, gap_s: float = BURST_GAP_S) -> list[float]:
+    """Per burst end, seconds until the GPUs held first reach the run's fewest (the
+    gap's length when they do not before the next arrival; see the module doc)."""
+    steps = [(t, g) for t, g in gpus_held(run) if t < run.end]
+    if not steps:
+        return []
+    floor = min(g for _, g in steps)
+    times = sorted(s.arrival for s in run.served)
+    lags = []
+    for end, nxt in itertools.pairwise(times):
+        if nxt - end < gap_s:
+            continue
+        held = next((g for t, g in reversed(steps) if t <= end), steps[0][1])
+        if held == floor:
+            lags.append(0.0)
+            continue
+        reached = next((t for t, g in steps if end < t < nxt and g == floor), nxt)
+        lags.append(reached - end)
+    return lags
 
 
 def _row(run: Run, sla: Sla, start: float, end: float, served: list[Served]) -> IntervalRow:

@@ -1,16 +1,20 @@
-"""The replay's timeline plot: replicas and latency over time, one line per policy.
+"""The replay's plots: the timeline (replicas and latency over time, one line per
+policy) and the Pareto view (GPU-hours against request attainment, one point per policy
+and start-up delay; issue 15 item 5).
 
-I/O (matplotlib, writes a PNG); the numbers come from `outcome.Summary.rows`.
+I/O (matplotlib, writes a PNG); the numbers come from `outcome.Summary`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from epp.planner.compare import Result, Setup
+    from epp.planner.outcome import Sla
 
 
 def plot_replay(path: Path, results: Sequence[Result], setup: Setup) -> None:
@@ -44,6 +48,85 @@ def plot_replay(path: Path, results: Sequence[Result], setup: Setup) -> None:
         f"epp plan replay: {setup.shape.sim.preset}, start-up {setup.shape.startup_s:g} s, "
         f"{setup.interval_s:g} s intervals"
     )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+MARKERS = "os^Dv<>Ph*X"
+
+
+@dataclass(frozen=True, slots=True)
+class ParetoPoint:
+    """One policy at one start-up delay (`static`: the same at every delay)."""
+
+    policy: str
+    startup_s: float
+    gpu_hours: float
+    sla_requests: float  # 0..1
+    static: bool = False
+
+
+def pareto_points(runs: Sequence[tuple[Setup, Sequence[Result]]]) -> list[ParetoPoint]:
+    """The points of a comparison (or a start-up sweep of them)."""
+    return [
+        ParetoPoint(
+            r.summary.policy,
+            setup.shape.startup_s,
+            r.summary.gpu_hours,
+            r.summary.sla_requests,
+            static=r.summary.policy.startswith("static"),
+        )
+        for setup, results in runs
+        for r in results
+    ]
+
+
+def plot_pareto(
+    path: Path, points: Sequence[ParetoPoint], *, title: str = "", sla: Sla | None = None
+) -> None:
+    """One point per policy and start-up delay: x = GPU-hours, y = share of requests
+    meeting both SLAs. A policy keeps its colour, a start-up delay its marker (a static
+    pool, the same at every delay, is drawn once as a circle); the points no other
+    beats on both axes (the Pareto front) are joined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    names = list(dict.fromkeys(p.policy for p in points))
+    startups = sorted({p.startup_s for p in points if not p.static})
+    drawn: set[tuple[str, float, float]] = set()
+    xy: list[tuple[float, float]] = []
+    for p in points:
+        key = (p.policy, p.gpu_hours, p.sla_requests)
+        if key in drawn:
+            continue
+        drawn.add(key)
+        x, y = p.gpu_hours, 100 * p.sla_requests
+        marker = "o" if p.static else MARKERS[startups.index(p.startup_s) % len(MARKERS)]
+        ax.scatter(x, y, color=f"C{names.index(p.policy) % 10}", marker=marker, s=50)
+        label = p.policy if p.static else f"{p.policy} {p.startup_s:g}s"
+        ax.annotate(label, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        xy.append((x, y))
+    front = sorted(q for q in xy if not any(o != q and o[0] <= q[0] and o[1] >= q[1] for o in xy))
+    if len(front) > 1:
+        ax.plot(*zip(*front, strict=True), color="0.6", lw=1, ls=":", zorder=0)
+    for i, name in enumerate(names):
+        ax.scatter([], [], color=f"C{i % 10}", marker="o", label=name)
+    for j, startup in enumerate(startups):
+        ax.scatter(
+            [], [], color="k", marker=MARKERS[j % len(MARKERS)], label=f"start-up {startup:g} s"
+        )
+    ax.set_xlabel("GPU-hours (starting and draining replicas included)")
+    ax.set_ylabel("requests within both SLAs (%)")
+    head = f"{title}: " if title else ""
+    if sla is not None:
+        head += f"SLA p90 TTFT {sla.ttft_ms:g} ms, ITL {sla.itl_ms:g} ms "
+    ax.set_title(head + "(up and left is better)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

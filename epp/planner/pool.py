@@ -120,7 +120,8 @@ class Pool:
         self.shape = shape
         self.role = role
         self.spares = spares or Spares()
-        self.replicas: list[Replica] = []
+        self.replicas: list[Replica] = []  # every replica the run started (lifetimes)
+        self._live: list[Replica] = []  # those not GONE: what every per-arrival loop walks
         self._rng = random.Random(seed)
         self.steps = 0  # engine steps of retired replicas (the rest: ask their engines)
         self._next = 0
@@ -139,30 +140,39 @@ class Pool:
         if ready:
             rep.state = State.READY
         self.replicas.append(rep)
+        self._live.append(rep)
         return rep
 
     def live(self) -> list[Replica]:
-        return [r for r in self.replicas if r.state is not State.GONE]
+        return list(self._live)
 
     def of(self, state: State) -> list[Replica]:
-        return [r for r in self.replicas if r.state is state]
+        pool = self.replicas if state is State.GONE else self._live
+        return [r for r in pool if r.state is state]
 
     def counts(self) -> Replicas:
         c = {s: 0 for s in State}
-        for r in self.replicas:
+        for r in self._live:
             c[r.state] += 1
         return Replicas(c[State.READY], c[State.STARTING], c[State.DRAINING])
 
     def update(self, now: float) -> None:
         """Starting replicas whose delay has passed become ready; drained ones free
         their GPUs (at their last completion)."""
-        for r in self.replicas:
+        gone = False
+        for r in self._live:
             if r.state is State.STARTING and r.ready_at <= now:
                 r.state = State.READY
             elif r.state is State.DRAINING and r.in_flight == 0:
                 r.state = State.GONE
                 r.released_at = max(r.last_finish, r.drain_from)
                 self._retire(r)
+                gone = True
+        if gone:
+            self._prune()
+
+    def _prune(self) -> None:
+        self._live = [r for r in self._live if r.state is not State.GONE]
 
     def _retire(self, r: Replica) -> None:
         self.steps += r.engine.scheduler.stats.steps
@@ -170,9 +180,8 @@ class Pool:
 
     def close(self) -> None:
         """The run is over: hand every idle engine back to the spares."""
-        for r in self.replicas:
-            if r.state is not State.GONE:
-                self._retire(r)
+        for r in self._live:
+            self._retire(r)
 
     def scale_to(self, target: int, now: float, prefer_drain: Sequence[str] = ()) -> int:
         """Bring ready + starting to `target`: start new replicas, or cancel starting
@@ -193,6 +202,7 @@ class Pool:
             r.released_at = now
             self._retire(r)
             excess -= 1
+        self._prune()
         named = {n: i for i, n in enumerate(prefer_drain)}
         order = sorted(
             ready,
@@ -214,8 +224,8 @@ class Pool:
         """Run every live replica up to `t`; what completed (finish times may pass `t` by
         the step in progress)."""
         done: list[Finished] = []
-        for r in self.replicas:
-            if r.state is State.GONE or r.state is State.STARTING:
+        for r in self._live:
+            if r.state is State.STARTING:
                 continue
             r.engine.advance_to(t)
             finished = r.engine.drain_finished()

@@ -26,7 +26,9 @@ Per interval:
    takes the largest of them, at the `forecast-quantile` upper bound
    (`predict_upper`), not the point forecast.
 5. **Prefill sizing.** Service time per prompt = profiled batch-1 TTFT of its
-   *uncached* tokens × the prefill correction. `distribution-aware-prefill`: over the
+   *uncached* tokens × the prefill correction (`cache-aware-prefill`: the share of
+   prompt tokens the last interval's usage reported as `cached_tokens` is taken off;
+   off, the raw ISL, as Dynamo). `distribution-aware-prefill`: over the
    interval's sampled prompt lengths (TTFT is convex in ISL: t(mean ISL) under-sizes
    heavy tails, §10.1); off: t(mean ISL). `queue-aware-prefill`: the fewest replicas
    whose waiting time (G/G/c, `queueing.py`) plus service stays within the TTFT SLA
@@ -137,7 +139,7 @@ class SlaMode:
             self._last_isl = obs.isl.mean
         if not math.isnan(obs.osl.mean):
             self._last_osl = obs.osl.mean
-        if obs.cached_tokens.count and obs.isl.mean > 0:
+        if self._x.cache_aware_prefill and obs.cached_tokens.count and obs.isl.mean > 0:
             self._cache_share = min(1.0, max(0.0, obs.cached_tokens.mean / obs.isl.mean))
 
     def _stat(self, stats: Stats) -> float:

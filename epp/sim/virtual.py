@@ -36,6 +36,7 @@ trace says they share; the full KV blocks are named after those ids rather than 
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
 from collections.abc import Sequence
@@ -231,6 +232,10 @@ class VirtualEngine:
         self._run: _DecodeRun | None = None  # planned, not yet carried out
         self._now = 0.0  # the last advance_to target
         self._finished: list[Finished] = []
+        # load() without the pending run: (waiting, running, used blocks, tokens left);
+        # None after any change to the queues (a pool reads every replica per arrival)
+        self._base: tuple[int, int, int, int] | None = None
+        self._run_blocks: tuple[_DecodeRun, int, list[int]] | None = None
 
     def reset(self) -> None:
         """Become a fresh replica (empty queue, cold prefix cache, clock 0) without
@@ -251,6 +256,8 @@ class VirtualEngine:
         self.macro_steps = 0
         self._run = None
         self._finished = []
+        self._base = None
+        self._run_blocks = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -280,6 +287,7 @@ class VirtualEngine:
         if self.idle:
             self.clock = max(self.clock, at)
         self.scheduler.add(req, at)
+        self._base = None
 
     def _trace_prompt(
         self, rid: int, isl: int, hash_ids: Sequence[int]
@@ -325,20 +333,51 @@ class VirtualEngine:
 
     def load(self) -> Load:
         """The load as of the last `advance_to` (exact inside a decode run too: the run
-        changes only the blocks held and the tokens left, both in closed form)."""
-        s = self.scheduler
-        tokens = 0
-        for queue in (s.running, s.waiting, s.transferring):
-            for r in queue:
-                tokens += max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                tokens += r.max_tokens - r.generated
-        used = self.kv.num_used_blocks
+        changes only the blocks held and the tokens left, both in closed form).
+
+        The queues' part is kept until they change, and a run's new blocks are a
+        lookup (`_run_new_blocks`): a pool reads every replica at every arrival, and
+        summing every request each time was most of a 50-replica replay's time."""
+        base = self._base
+        if base is None:
+            s = self.scheduler
+            tokens = 0
+            for queue in (s.running, s.waiting, s.transferring):
+                for r in queue:
+                    tokens += max(0, r.num_prompt_tokens - r.num_computed_tokens)
+                    tokens += r.max_tokens - r.generated
+            base = self._base = (s.num_waiting, len(s.running), self.kv.num_used_blocks, tokens)
+        waiting, running, used, tokens = base
         run = self._run
         if run is not None:
             m = run.started_before(self._now)
             tokens -= m * run.decodes
-            used += self._new_blocks(m)
-        return Load(s.num_waiting, len(s.running), used / self.kv.num_blocks, tokens)
+            used += self._run_new_blocks(run, m)
+        return Load(waiting, running, used / self.kv.num_blocks, tokens)
+
+    def _run_new_blocks(self, run: _DecodeRun, m: int) -> int:
+        """`_new_blocks(m)` for the pending run by bisection: each running sequence takes
+        a new block at the steps where its token count crosses a block boundary beyond
+        the blocks it holds; those steps, for all sequences, sorted, once per run."""
+        cached = self._run_blocks
+        if cached is None or cached[0] is not run:
+            bs = self.kv.block_size
+            at_zero = 0
+            steps: list[int] = []
+            for r in self.scheduler.running:
+                n_tok, held = len(r.tokens), len(r.blocks)
+                # blocks needed after j steps: ceil((n_tok + j - 1) / bs); it grows by
+                # one at the j where n_tok + j - 2 is a multiple of bs
+                at_zero += max(0, -(-(n_tok - 1) // bs) - held)
+                j = (2 - n_tok) % bs or bs
+                while j <= run.steps:
+                    if (n_tok + j - 2) // bs + 1 > held:
+                        steps.append(j)
+                    j += bs
+            steps.sort()
+            cached = self._run_blocks = (run, at_zero, steps)
+        _, at_zero, steps = cached
+        return at_zero + bisect.bisect_right(steps, m)
 
     # -- stepping ------------------------------------------------------------------------
 
@@ -354,7 +393,8 @@ class VirtualEngine:
         while True:
             run = self._run
             if run is not None:
-                if run.started_before(t) < run.steps:
+                # its last step starts at or after t (started_before(t) < steps, cheaply)
+                if run.total(run.steps - 1) >= t - run.start:
                     return
                 self._apply(run, run.steps)
                 continue
@@ -362,6 +402,7 @@ class VirtualEngine:
                 return
             if self.macro and self._plan_run():
                 continue
+            self._base = None
             plan = sched.schedule(self.clock)
             if plan is None:  # only requests held back; nothing in this model does that
                 wake = sched.next_wakeup(self.clock)
@@ -480,6 +521,7 @@ class VirtualEngine:
     def _apply(self, run: _DecodeRun, k: int) -> None:
         """Carry out the first k steps of the run (k == run.steps ends it)."""
         self._run = None
+        self._base = None
         sched = self.scheduler
         kv = self.kv
         start = run.start

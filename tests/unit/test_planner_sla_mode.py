@@ -243,3 +243,16 @@ def test_unreachable_itl_sizes_at_the_lowest_itl_point_and_says_so():
     d = epp(itl=4).step(60, obs(completions=6000, replicas=pd(1, 1)))
     assert d.targets[D] == 2 and d.diagnostics["decode_itl_met"] == 0.0
     assert "ITL target below every profiled point" in d.reason
+
+
+def test_cache_aware_prefill_sizes_on_the_uncached_tokens():
+    # 750 req / 60 s = 12.5 req/s of 8000-token prompts, 4000 of them served from the
+    # prefix cache (usage cached_tokens): share 4000/8000 = 0.5.
+    # on:  t(8000 × 0.5 = 4000) = 100 ms -> 12.5 × 0.1 = 1.25 -> 2 prefill replicas
+    # off: t(8000) = 240 ms -> 12.5 × 0.24 = 3.0 -> 3 (Dynamo's raw ISL)
+    seen = obs(completions=750, isl=8000, cached=4000, replicas=pd(1, 1))
+    on = epp(convex(), cache_aware_prefill=True).step(60, seen)
+    off = epp(convex(), cache_aware_prefill=False).step(60, seen)
+    assert on.diagnostics["prefill_service_ms"] == pytest.approx(100.0)
+    assert off.diagnostics["prefill_service_ms"] == pytest.approx(240.0)
+    assert (on.targets[P], off.targets[P]) == (2, 3)

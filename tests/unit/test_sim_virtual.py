@@ -197,3 +197,30 @@ def test_a_request_whose_hashes_are_known_still_computes_its_last_token():
     again = SimRequest(list(range(8)), 1)
     kv.request_block_hashes(again, 8)  # both hashes known up front
     assert len(kv.find_cached_prefix(again)) == 1
+
+
+def test_load_read_often_inside_runs_is_the_single_stepped_load():
+    # load() keeps the queues' part until they change and looks a run's new blocks up
+    # by bisection: read every 7 ms (many reads per decode run, across block boundaries
+    # of 16 tokens), it must equal the single-stepped engine's load, and the lookup
+    # must equal `_new_blocks` summed request by request.
+    config = presets.config_for("llama-3.1-8b-h100", enable_prefix_caching=True)
+    reqs = workload(150, rate=25.0, seed=5, osl=(20, 300), shared=3)
+    samples = [0.007 * i for i in range(1000)]
+    _, _, single = run(config, reqs, macro=False, samples=samples)
+    _, _, macro = run(config, reqs, macro=True, samples=samples)
+    assert [(x.waiting, x.running, x.in_flight_tokens) for x in single] == [
+        (y.waiting, y.running, y.in_flight_tokens) for y in macro
+    ]
+    assert [x.kv_usage for x in single] == pytest.approx([y.kv_usage for y in macro])
+
+    eng = VirtualEngine(config, block_tokens=64)
+    checked = 0
+    for rid, at, isl, osl, ids in reqs:
+        eng.advance_to(at)
+        if eng._run is not None:
+            for m in range(eng._run.steps + 1):
+                assert eng._run_new_blocks(eng._run, m) == eng._new_blocks(m)
+                checked += 1
+        eng.add(rid, isl, osl, at, ids)
+    assert checked > 100
