@@ -77,9 +77,13 @@ class ServeOptions:
     limits: StreamLimits = field(default_factory=StreamLimits)
     # On SIGTERM: health NOT_SERVING, new streams refused, open ones get this long.
     drain_timeout: float = 30.0
-    refresh_metrics_interval: float = 0.05
+    # 0.25 s, adaptive up to 1 s (upstream scrapes every 50 ms): chosen from the routing
+    # matrix (docs/BENCHMARKS.md "Scrape interval"): 20 scrapes a second cost 8 simulated
+    # servers ~0.5 CPU and routed worse on a 2-core machine, while the EPP's own in-flight
+    # counts (response path) carry the fast signal between scrapes.
+    refresh_metrics_interval: float = 0.25
     # > refresh_metrics_interval: adaptive scraping up to this (epp/datalayer/scraper.py).
-    refresh_metrics_max_interval: float = 0.0
+    refresh_metrics_max_interval: float = 1.0
     metrics_staleness_threshold: float = 2.0
     scrape_timeout: float = 1.0
     pool_name: str = "default"
@@ -406,18 +410,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--refresh-metrics-interval",
         type=float,
-        default=0.05,
+        default=0.25,
         metavar="SECONDS",
-        help="how often each endpoint's /metrics is scraped (0.05)",
+        help="how often each endpoint's /metrics is scraped while it changes (0.25; "
+        "upstream's 0.05 costs the servers CPU for no routing gain, docs/BENCHMARKS.md)",
     )
     p.add_argument(
         "--refresh-metrics-max-interval",
         type=float,
-        default=0.0,
+        default=1.0,
         metavar="SECONDS",
         help="adaptive scraping: an endpoint whose metrics did not change is scraped half as "
         "often each time, up to this, and at --refresh-metrics-interval again after any "
-        "change; must be below --metrics-staleness-threshold (0 = a fixed interval, default)",
+        "change; must be below --metrics-staleness-threshold (1.0; 0 = a fixed interval)",
     )
     p.add_argument(
         "--metrics-staleness-threshold",
