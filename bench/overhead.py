@@ -26,6 +26,11 @@ under the table subtract the sim's (answering those scrapes). Latency is client-
 closed loop: at saturation p50 ~ concurrency / throughput, so "added p50" mostly mirrors lost
 throughput; `--concurrency 1` shows the unloaded per-request cost instead.
 
+With `--baseline CHECKOUT` a fourth configuration joins the same run: (c0), `epp serve` from
+another checkout of this repository (e.g. main's worktree, before a change) with this
+interpreter, behind its own Envoy, over the same sim, measured interleaved with the others:
+old and new side by side, in one run, as the notes compare (c0) and (c) with (b).
+
 With `--response-path` the run compares instead `epp serve --response-path on` behind an Envoy
 that sends it the response phases (headers, FULL_DUPLEX_STREAMED body, trailers: the shipped
 deploy/envoy/envoy.yaml) with `--response-path off` behind an Envoy that skips them, on streamed
@@ -255,18 +260,28 @@ def start_sims(
 
 
 def start_epp(
-    pg: ProcessGroup, hostports: list[str], name: str = "epp", response_path: bool = False
+    pg: ProcessGroup,
+    hostports: list[str],
+    name: str = "epp",
+    response_path: bool = False,
+    checkout: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> tuple[int, int, int]:
-    """`epp serve` with defaults over every replica; waits until all are healthy."""
+    """`epp serve` with defaults over every replica; waits until all are healthy.
+    `checkout`: run the `epp` package of that checkout instead of this one; `extra`:
+    more `epp serve` flags (--epp-arg)."""
     grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
     argv = _py(
         "-m", "epp.cli", "serve", "--host", "127.0.0.1",
         "--grpc-port", str(grpc_port), "--health-port", str(health_port),
         "--metrics-port", str(metrics_port),
         "--response-path", "on" if response_path else "off",
-        *[f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)],
+        *[f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)], *extra,
     )  # fmt: skip
-    proc = pg.start(name, argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+    env = {"PYTHONPATH": str(checkout)} if checkout is not None else None
+    proc = pg.start(
+        name, argv, ready=LogReady(r"epp serving ext_proc"), timeout=60, env=env, cwd=checkout
+    )
     _wait_until(lambda: _healthy_endpoints(metrics_port) == len(hostports), "EPP endpoints", 30)
     return proc.pid, grpc_port, health_port
 
@@ -343,17 +358,23 @@ def _connection_manager(config: dict[str, Any], listener_name: str) -> dict[str,
     raise KeyError(f"no HTTP connection manager on listener {listener_name!r}")
 
 
-def start_stack(pg: ProcessGroup) -> Stack:
+def start_stack(pg: ProcessGroup, baseline: Path | None = None, extra: Sequence[str] = ()) -> Stack:
     pids: dict[str, int] = {}
     pids["sim"], hostports = start_sims(pg)
-    pids["epp"], epp_grpc, epp_health = start_epp(pg, hostports)
+    pids["epp"], epp_grpc, epp_health = start_epp(pg, hostports, extra=extra)
     pids["minimal"], min_grpc, min_health = start_minimal(pg, hostports[0])
-    targets = []
-    for key, label, grpc, health, extproc in (
+    configs = [
         ("a", "(a) Envoy direct", epp_grpc, epp_health, None),
         ("b", "(b) Envoy + minimal ext_proc", min_grpc, min_health, "minimal"),
         ("c", "(c) Envoy + epp serve", epp_grpc, epp_health, "epp"),
-    ):
+    ]
+    if baseline is not None:
+        pids["epp0"], grpc0, health0 = start_epp(
+            pg, hostports, "epp0", checkout=baseline, extra=extra
+        )
+        configs.append(("c0", f"(c0) Envoy + epp serve of {baseline}", grpc0, health0, "epp0"))
+    targets = []
+    for key, label, grpc, health, extproc in configs:
         options = envoy_options(grpc, health)
         config = direct_config(options, hostports[0]) if key == "a" else envoy.render(options)
         proxy = envoy.start_envoy(pg, options, config=config, name=f"envoy-{key}", timeout=60)
@@ -522,26 +543,28 @@ def quietest(
 # ---------------------------------------------------------------- profiling (optional)
 
 
-def profile_epp(stack: Stack, args: argparse.Namespace) -> str:
+def profile_epp(stack: Stack, args: argparse.Namespace, key: str = "c") -> str:
     """py-spy the EPP under (c) load, after the measured windows so it cannot skew them.
 
     Non-blocking sampling (the EPP is never paused); py-spy skips idle threads, so shares are
     shares of the EPP's CPU time, scraper included. Python frames only: time in gRPC's C core
     shows up under the Python frame that entered it (grpc's poller thread: Thread.run).
     """
-    out = stack.pg.run_dir / "epp-pyspy.txt"
+    target = next(t for t in stack.targets if t.key == key)
+    assert target.extproc is not None
+    out = stack.pg.run_dir / f"{target.extproc}-pyspy.txt"
     seconds = math.ceil(args.warmup + args.duration)
     argv = [
-        args.py_spy, "record", "--pid", str(stack.pids["epp"]), "--duration", str(seconds),
+        args.py_spy, "record", "--pid", str(stack.pids[target.extproc]),
+        "--duration", str(seconds),
         "--rate", "200", "--format", "raw", "--output", str(out), "--nonblocking",
     ]  # fmt: skip
-    spy = stack.pg.spawn("py-spy", argv)
-    target = next(t for t in stack.targets if t.key == "c")
-    raw = run_loadgen(stack, target, args, "profile-c", args.duration)
+    spy = stack.pg.spawn(f"py-spy-{key}", argv)
+    raw = run_loadgen(stack, target, args, f"profile-{key}", args.duration)
     spy.popen.wait(timeout=seconds + 30)
     if not out.is_file():
         raise spy.died_error("without writing a profile")
-    ms_per_req = raw["cpu"]["epp"] / max(len(raw["latencies"]), 1) * 1e3
+    ms_per_req = raw["cpu"][target.extproc] / max(len(raw["latencies"]), 1) * 1e3
     return hot_spots(out.read_text(), ms_per_req)
 
 
@@ -652,8 +675,10 @@ def table(rows: Rows, targets: list[Target]) -> str:
             f"| {added} | {ext} | {_med(r, 'envoy'):.3f} "
             f"| {sum(x['errors'] for x in r):.0f} |"
         )
-    net = _med(rows["c"], "extproc_net")
-    out.append(f"| (c) net of idle scraper | | | | | {net:.3f} | | |")
+    for key in ("c", "c0"):
+        if key in rows:
+            net = _med(rows[key], "extproc_net")
+            out.append(f"| ({key}) net of idle scraper | | | | | {net:.3f} | | |")
     return "\n".join(out)
 
 
@@ -665,7 +690,7 @@ def notes(rows: Rows, idles: list[dict[str, float]]) -> str:
     foreign = _med(every, "foreign")
     lines = [
         f"ext_proc CPU per request, (c)/(b): {gross:.2f}x gross, {net:.2f}x net of the idle "
-        f"scraper (target <= 1.5x)",
+        f"scraper (target <= 1.2x gross, issue 13 §6)",
         f"idle, ms CPU per second: EPP {idle['epp']:.0f} (scraping {REPLICAS} endpoints every "
         f"50 ms), sim {idle['sim']:.0f} (answering those scrapes), "
         f"minimal ext_proc {idle['minimal']:.0f}",
@@ -674,6 +699,15 @@ def notes(rows: Rows, idles: list[dict[str, float]]) -> str:
         f"load generator: {_med(every, 'loadgen'):.3f} CPU s/1k req; load from outside this "
         f"benchmark: median {foreign:.2f} CPUs, max {max(r['foreign'] for r in every):.2f} CPUs",
     ]
+    if "c0" in rows:
+        gross0 = _med(rows["c0"], "extproc") / b
+        net0 = _med(rows["c0"], "extproc_net") / b
+        lines.insert(
+            1,
+            f"baseline (c0)/(b): {gross0:.2f}x gross, {net0:.2f}x net; idle EPP (c0) "
+            f"{statistics.median(i['epp0'] for i in idles) * 1e3:.0f} ms CPU per second; "
+            f"(c)/(c0) gross {_med(rows['c'], 'extproc') / _med(rows['c0'], 'extproc'):.2f}",
+        )
     if foreign > FOREIGN_WARN_CPUS:
         lines.append(
             "WARNING: other processes kept the machine busy; rates and latencies are "
@@ -730,6 +764,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--run-dir", type=Path, help="keep child logs here (default: temp, removed)")
     ap.add_argument("--py-spy", metavar="BIN", help="after measuring, profile the EPP under load")
     ap.add_argument(
+        "--epp-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra epp serve flag for every EPP, e.g. --epp-arg=--scrape-timeout=5 "
+        "(a starved simulator on a busy machine)",
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run (c0): epp serve from this checkout (old vs new in one run)",
+    )
+    ap.add_argument(
         "--response-path",
         action="store_true",
         help="compare epp serve --response-path on vs off on streamed completions instead",
@@ -767,10 +815,14 @@ def run_response_path(args: argparse.Namespace, command: str) -> None:
 def run(args: argparse.Namespace, command: str) -> None:
     started = time.monotonic()
     with ProcessGroup(args.run_dir) as pg:
-        stack = start_stack(pg)
+        stack = start_stack(pg, args.baseline, args.epp_arg)
         print(f"stack up in {time.monotonic() - started:.1f}s", flush=True)
         rows, idles = measure(stack, args)
-        profile = profile_epp(stack, args) if args.py_spy else ""
+        profile = ""
+        if args.py_spy:
+            profile = profile_epp(stack, args)
+            if args.baseline is not None:
+                profile += "\n\n(c0) baseline:\n" + profile_epp(stack, args, "c0")
     today = datetime.date.today().isoformat()
     print(
         f"\n`{command}` — {today}, {machine_facts()}, concurrency {args.concurrency}, "

@@ -8,6 +8,11 @@ Each setting gets a fresh `epp sim --replicas N` process and an `epp serve` scra
 from /proc over the measured window, in cores. "a-b" is adaptive: --refresh-metrics-interval
 a, --refresh-metrics-max-interval b. An idle server's state does not change, so the
 adaptive setting settles at b; under traffic it scrapes at a while the state moves.
+
+`--baseline CHECKOUT` adds, per setting, the same measurement with CHECKOUT's `epp` (e.g.
+main's worktree, before a change), interleaved `--rounds` times (medians): old and new
+side by side in one run. EPP CPU is then also given per scrape (the EPP's /metrics
+counter of scrapes is not read: the rate is servers / interval for a fixed interval).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import os
 import random
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,7 +54,10 @@ def free_range(n: int) -> int:
     raise RuntimeError("no free port range")
 
 
-def measure(setting: str, servers: int, seconds: float) -> tuple[float, float]:
+def measure(
+    setting: str, servers: int, seconds: float, checkout: Path | None = None
+) -> tuple[float, float]:
+    """(servers' CPU, EPP CPU) in cores; `checkout`: run that checkout's epp serve."""
     lo, _, hi = setting.partition("-")
     with ProcessGroup() as pg:
         base = free_range(servers)
@@ -61,7 +70,10 @@ def measure(setting: str, servers: int, seconds: float) -> tuple[float, float]:
         argv += ["--refresh-metrics-interval", lo]
         if hi:
             argv += ["--refresh-metrics-max-interval", hi]
-        epp = pg.start("epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
+        env = {"PYTHONPATH": str(checkout)} if checkout is not None else None
+        epp = pg.start(
+            "epp", argv, ready=LogReady(r"epp serving ext_proc"), timeout=60, env=env, cwd=checkout
+        )
         time.sleep(3)  # past start-up (and the adaptive back-off)
         s0, e0, t0 = cpu_seconds(sim.pid), cpu_seconds(epp.pid), time.perf_counter()
         time.sleep(seconds)
@@ -74,12 +86,36 @@ def main() -> int:
     p.add_argument("--settings", default="0.05,0.25,1.0,0.05-1.0")
     p.add_argument("--servers", type=int, default=8)
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--baseline", type=Path, metavar="CHECKOUT", help="old vs new, one run")
+    p.add_argument("--rounds", type=int, default=3, help="with --baseline: runs of each")
     args = p.parse_args()
+    if args.baseline is not None:
+        return side_by_side(args)
     print("| scraping | servers' CPU (cores) | EPP CPU (cores) |\n|---|---:|---:|")
     for setting in args.settings.split(","):
         sim, epp = measure(setting, args.servers, args.seconds)
         label = f"adaptive {setting.replace('-', '–')} s" if "-" in setting else f"{setting} s"
         print(f"| {label} | {sim:.3f} | {epp:.3f} |", flush=True)
+    return 0
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    print(
+        "| scraping | EPP | servers' CPU (cores) | EPP CPU (cores) | EPP CPU ms per scrape |\n"
+        "|---|---|---:|---:|---:|"
+    )
+    for setting in args.settings.split(","):
+        got: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+        for r in range(args.rounds):
+            order = [("before", args.baseline), ("after", None)]
+            for label, checkout in order if r % 2 == 0 else order[::-1]:
+                got[label].append(measure(setting, args.servers, args.seconds, checkout))
+        lo = float(setting.partition("-")[0])
+        for label in ("before", "after"):
+            sim = statistics.median(x[0] for x in got[label])
+            epp = statistics.median(x[1] for x in got[label])
+            per = f"{epp * 1e3 / (args.servers / lo):.3f}" if "-" not in setting else "—"
+            print(f"| {setting} s | {label} | {sim:.3f} | {epp:.3f} | {per} |", flush=True)
     return 0
 
 

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from epp.admission import Admission
 from epp.datastore import Datastore, EndpointSnapshot
@@ -30,7 +31,16 @@ from epp.observability import (
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import PreRequest
 from epp.scheduling.scheduler import Scheduler
-from epp.scheduling.types import ProfileResult, SchedulingResult
+from epp.scheduling.types import (
+    PREFIX_MATCH_KEY,
+    CachedPrompt,
+    CycleState,
+    ProfileResult,
+    SchedulingResult,
+)
+
+if TYPE_CHECKING:
+    from epp.flowcontrol.controller import FlowController
 
 log = logging.getLogger("epp.director")
 
@@ -96,6 +106,9 @@ class Director:
         self.cold_start: ColdStart | None = None  # set by the planner with min-endpoint 0
         # Priorities and shedding (epp/admission.py); None admits everything.
         self.admission = admission
+        # Flow control (epp/flowcontrol/): the stream waits in it before `route`; told
+        # here whenever a request ends, since that may free capacity.
+        self.flow_control: FlowController | None = None
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -104,7 +117,24 @@ class Director:
         snaps = self.datastore.snapshot()
         if not snaps:
             raise unavailable("the pool has no endpoints")
-        if subset is not None:
+        if subset is None:
+            # The common case in one pass (the same endpoints, in the same order, as the
+            # steps below); only a request that ends up with none takes the steps, to
+            # say which one left nothing.
+            model = request.target_model
+            if model:
+                ok = [
+                    s
+                    for s in snaps
+                    if s.healthy
+                    and not s.draining
+                    and (s.models is None or model in s.models or model in s.metrics.active_models)
+                ]
+            else:
+                ok = [s for s in snaps if s.healthy and not s.draining]
+            if ok:
+                return ok
+        else:
             snaps = _restrict_to_subset(snaps, subset)
             if not snaps:
                 raise unavailable(
@@ -161,15 +191,30 @@ class Director:
         finally:
             cold.waiting -= 1
 
-    def route(self, request: InferenceRequest, subset: Sequence[str] | None) -> RoutingDecision:
-        """Schedule a parsed request; raises EppError for any refusal."""
+    @property
+    def prepares(self) -> bool:
+        """Some plugin has request-only work (`Scheduler.prepare`) worth a worker thread."""
+        return bool(self.scheduler.preparers)
+
+    def prepare(self, request: InferenceRequest) -> CycleState:
+        """The request's cycle state with request-only work done; any thread."""
+        return self.scheduler.prepare(request)
+
+    def route(
+        self,
+        request: InferenceRequest,
+        subset: Sequence[str] | None,
+        state: CycleState | None = None,
+    ) -> RoutingDecision:
+        """Schedule a parsed request; raises EppError for any refusal. `state`: what
+        `prepare(request)` returned, if it ran (off the loop, for a large request)."""
         served = self.datastore.served_models()
         model = model_label(request.model, served)
         target = model_label(request.target_model, served)
         try:
             candidates = self.candidates(request, subset)
             priority = self.admission.admit(request, candidates) if self.admission else 0
-            result = self.scheduler.schedule(request, candidates)
+            result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
             SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()
             REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
@@ -185,7 +230,7 @@ class Director:
             result=result,
             labels=(model, target),
         )
-        self._hold(decision, request, result.profile_results.values())
+        self._hold(decision, request, result)
         RUNNING_REQUESTS.labels(model).inc()
         for sink in self.admission_sinks:
             sink(request.prompt_tokens_estimate)
@@ -211,12 +256,19 @@ class Director:
         self,
         decision: RoutingDecision,
         request: InferenceRequest,
-        results: object,
+        result: SchedulingResult,
     ) -> None:
+        """Count the request against each profile's pick. Its prompt counts only the part
+        the pick does not hold in cache when a prefix producer ran (as llm-d counts it): an
+        8,500-token prompt with 8,000 cached is 500 tokens of prefill, and counting all of
+        it made the affinity gate leave a cached server for a cold one (issue 16)."""
         prompt, output = request.prompt_tokens_estimate, request.expected_output_tokens
-        for res in results:  # type: ignore[attr-defined]
+        cached: CachedPrompt | None = result.cycle_state.read(PREFIX_MATCH_KEY)
+        for res in result.profile_results.values():
             if isinstance(res, ProfileResult) and res.targets:
-                hold = Hold(res.targets[0].name, prompt, output)
+                name = res.targets[0].name
+                hit = cached.cached_tokens(name) if cached is not None else 0
+                hold = Hold(name, max(0, prompt - hit), output)
                 decision.held.append(hold)
                 self.datastore.acquire(hold.name, hold.prompt_tokens, hold.output_tokens)
 
@@ -239,6 +291,8 @@ class Director:
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens
             self.datastore.release(hold.name, prompt, hold.output_tokens)
+        if self.flow_control is not None:
+            self.flow_control.capacity_freed()
 
 
 def _restrict_to_subset(

@@ -41,7 +41,8 @@ from epp.datalayer.k8s_discovery import (
 )
 from epp.datalayer.k8s_pods import PoolSpecError
 from epp.datalayer.loopclock import LoopClock
-from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
+from epp.datalayer.scrape_thread import ScraperThread
+from epp.datalayer.scraper import ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.director import ColdStart, Director
 from epp.extproc.server import (
@@ -51,6 +52,8 @@ from epp.extproc.server import (
     StreamLimits,
     start_grpc_servers,
 )
+from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
 from epp.observability import REGISTRY, register_pool
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
@@ -130,19 +133,26 @@ class EppServer:
         handle = self.config.handle
         handle.pool = self.datastore.endpoints
         handle.on_pool_change = self.datastore.on_change
+        flow = self.config.flow_control
+        detector = self.config.saturation_detector
         self.director = Director(
             self.datastore,
             self.config.scheduler,
             self.config.pre_request,
             rng,
-            Admission(self.config.saturation_detector, options.objectives),
+            # With flow control, it sheds sheddable requests (before they could wait).
+            Admission(None if flow else detector, options.objectives),
         )
+        if flow is not None and detector is not None:
+            self.director.flow_control = FlowController(
+                flow, detector, self.datastore, options.objectives, options.pool_name
+            )
         # Subscribe with `self.observer.subscribe(sink)`; None with --response-path off.
         self.observer = (
             ResponseObserver(self.config.post_response) if options.response_path else None
         )
         self._lifecycle = [p for p in self.config.plugins.values() if isinstance(p, Lifecycle)]
-        self.scraper: MetricsScraper | None = None
+        self.scraper: ScraperThread | None = None  # its own thread: off the request loop
         self._servers: list = []
         self._watch: asyncio.Task | None = None
         self.discovery: KubernetesDiscovery | None = None
@@ -159,8 +169,13 @@ class EppServer:
         o = self.options
         self.clock.start()
         register_pool(o.pool_name, self.datastore.snapshot)
+        flow = self.director.flow_control
+        if flow is not None:
+            register_flow_control(flow.metrics_snapshot)
+            self.datastore.metrics_listeners.append(flow.capacity_freed)
+            self.datastore.on_change(flow.capacity_freed)
         if o.scrape:
-            self.scraper = MetricsScraper(self.datastore, self._scrape_config())
+            self.scraper = ScraperThread(self.datastore, self._scrape_config())
             self.scraper.start()
         for plugin in self._lifecycle:
             await plugin.start()
@@ -597,6 +612,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> None:
+    # Signal handlers first: a supervisor may send SIGTERM the moment it reads the line
+    # below, and one that arrives before them kills the process undrained (exit -15).
+    signals = asyncio.Queue[int]()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     server = EppServer(opts, config, seed)
     await server.start()
     log.info("%s", config.describe())
@@ -610,10 +631,6 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",
         flush=True,
     )
-    signals = asyncio.Queue[int]()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, signals.put_nowait, sig)
     await signals.get()
     log.info(
         "draining: health NOT_SERVING, new streams refused, %d open get up to %gs "

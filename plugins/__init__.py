@@ -17,6 +17,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.deciders.always",
     "plugins.deciders.prefix_based",
     "plugins.filters.label_selector",
+    "plugins.flowcontrol.policies",
     "plugins.filters.prefix_affinity",
     "plugins.filters.roles",
     "plugins.latency.producer",

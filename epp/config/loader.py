@@ -20,6 +20,7 @@ import yaml
 
 from epp.admission import SaturationDetector
 from epp.config.errors import ConfigError
+from epp.flowcontrol.config import FlowControlConfig, parse_flow_control
 from epp.scheduling.interfaces import (
     DataProducer,
     Filter,
@@ -58,7 +59,7 @@ TOP_LEVEL_KEYS = (
 FEATURE_GATES = {
     "dataLayer": None,  # upstream: deprecated no-op
     "enableLegacyMetrics": None,  # this project has one metrics path
-    "flowControl": "flow control (request queueing in the EPP) is not implemented yet",
+    "flowControl": None,  # turns flow control on (epp/flowcontrol/config.py)
 }
 
 # The built-in profile when no --config is given, identical to config/default.yaml: queue,
@@ -103,6 +104,9 @@ class LoadedConfig:
     # `saturationDetector.pluginRef`, else a `utilization-detector` with upstream's
     # defaults (GIE creates one the same way); admission sheds sheddable requests by it.
     saturation_detector: SaturationDetector | None = None
+    # `featureGates: [flowControl]` (+ the `flowControl:` section): requests of priority
+    # >= 0 wait in the EPP while the detector says saturated (epp/flowcontrol/).
+    flow_control: FlowControlConfig | None = None
 
     def plugins_of(self, cls: type) -> list[Any]:
         return [p for p in self.plugins.values() if isinstance(p, cls)]
@@ -196,8 +200,6 @@ def build(
     if kind is not None and kind != KIND:
         raise ConfigError("kind", f"must be {KIND}; got {kind!r}")
     _check_feature_gates(data.get("featureGates"))
-    if data.get("flowControl") is not None:
-        raise ConfigError("flowControl", FEATURE_GATES["flowControl"] or "")
 
     plugins = _instantiate_plugins(data.get("plugins"), handle, registry)
     configured = len(plugins)
@@ -210,6 +212,17 @@ def build(
             _check_ref_section(section, ref_field, plugins)
     _check_data_layer(data.get("dataLayer"), plugins)
     detector = _saturation_detector(data.get("saturationDetector"), plugins, handle, registry)
+    flow_control = parse_flow_control(
+        data.get("flowControl"),
+        "flowControl" in (data.get("featureGates") or []),
+        plugins,
+        handle,
+        registry,
+    )
+    if flow_control is not None and detector is None:
+        raise ConfigError(
+            "saturationDetector", "flow control needs a saturation detector; name one"
+        )
 
     profiles = _build_profiles(data.get("schedulingProfiles"), plugins, handle, registry)
     handler = _profile_handler(plugins, profiles, handle, registry)
@@ -222,6 +235,7 @@ def build(
         source=source,
         handle=handle,
         saturation_detector=detector,
+        flow_control=flow_control,
     )
 
 

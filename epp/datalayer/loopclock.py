@@ -12,6 +12,10 @@ tolerance` counts as stall. A stall still in progress (the heartbeat not yet run
 subtracted too, so code running right after a stall already sees the corrected time,
 and the clock never jumps back when the heartbeat catches up. On a loop that is never
 late the clock equals `time.monotonic()` (up to the tolerance per tick).
+
+`now()` may be called from any thread (the scraper's thread stamps its scrapes with it):
+the heartbeat's state is one tuple, replaced whole, so a reader never pairs a new stall
+total with an old beat time (which would count one stall twice and move the clock back).
 """
 
 from __future__ import annotations
@@ -34,23 +38,30 @@ class LoopClock:
         self.tick = tick
         self.tolerance = tolerance
         self._base = base
-        self._last: float | None = None  # base() at the heartbeat's last run
-        self.stalled = 0.0  # seconds of stall accounted so far
+        # (base() at the heartbeat's last run or None, seconds of stall accounted so far)
+        self._state: tuple[float | None, float] = (None, 0.0)
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def stalled(self) -> float:
+        """Seconds of stall accounted so far."""
+        return self._state[1]
+
     def now(self) -> float:
+        last, stalled = self._state
         t = self._base()
-        if self._last is None:
-            return t - self.stalled
-        pending = max(0.0, t - self._last - self.tick - self.tolerance)
-        return t - self.stalled - pending
+        if last is None:
+            return t - stalled
+        pending = max(0.0, t - last - self.tick - self.tolerance)
+        return t - stalled - pending
 
     def beat(self) -> None:
         """One heartbeat (the task calls this every `tick`; tests may call it directly)."""
         t = self._base()
-        if self._last is not None:
-            self.stalled += max(0.0, t - self._last - self.tick - self.tolerance)
-        self._last = t
+        last, stalled = self._state
+        if last is not None:
+            stalled += max(0.0, t - last - self.tick - self.tolerance)
+        self._state = (t, stalled)
 
     def start(self) -> None:
         """Start the heartbeat on the running loop."""
@@ -64,7 +75,7 @@ class LoopClock:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-            self._last = None
+            self._state = (None, self._state[1])
 
     async def _run(self) -> None:
         while True:

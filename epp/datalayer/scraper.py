@@ -22,20 +22,27 @@ pick, first token and end of every request it routes), so an idle server need no
 
 The scraper follows the pool: it listens to `Datastore.on_change` and starts tasks
 for new endpoints and cancels those of removed (or re-addressed) ones.
+
+Where results go: a `ScrapeSink`. By default the datastore itself, written on the loop
+the scraper runs on (tests, tools). `epp serve` runs the scraper on its own thread
+(`epp/datalayer/scrape_thread.py`) with a sink that hands results to the request loop
+in batches, so no scrape, parse or timer runs on the loop that serves ext_proc.
+The HTTP client is `epp/datalayer/httpget.py` (keep-alive, one Protocol per connection).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import TracebackType
-from typing import Any
-
-import aiohttp
+from typing import Any, Protocol
 
 from epp.datalayer import promtext
+from epp.datalayer.httpget import BodyTooLarge, ConnectError, HttpGetClient, ProtocolError
 from epp.datalayer.metric_maps import (
     DEFAULT_ENGINE,
     ENGINE_LABEL_KEYS,
@@ -48,7 +55,7 @@ from epp.datalayer.metric_maps import (
 )
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
-__all__ = ["MetricsScraper", "ScrapeConfig"]
+__all__ = ["DatastoreSink", "MetricsScraper", "ScrapeConfig", "ScrapeSink"]
 
 log = logging.getLogger(__name__)
 
@@ -161,28 +168,54 @@ def _reason(exc: BaseException, timeout: float) -> str:
     """A short, stable failure reason (stable so transition logging works)."""
     if isinstance(exc, TimeoutError):
         return f"timeout after {timeout:g}s"
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectError):
         os_err = exc.os_error
         if isinstance(os_err, ConnectionRefusedError):
             return "connection refused"
         return f"cannot connect: {getattr(os_err, 'strerror', None) or os_err}"
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return f"HTTP {exc.status}"
-    if isinstance(exc, aiohttp.ClientError | OSError):
+    if isinstance(exc, BodyTooLarge):
+        if exc.announced is not None:
+            return f"metrics page of {exc.announced} bytes exceeds {exc.limit}"
+        return f"metrics page exceeds {exc.limit} bytes"
+    if isinstance(exc, ProtocolError | OSError):
         return f"{type(exc).__name__}: {exc}"[:200]
     return f"internal error: {type(exc).__name__}: {exc}"[:200]
 
 
-async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it passes `limit` bytes (the rest unread)."""
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in content.iter_chunked(64 * 1024):
-        total += len(chunk)
-        if total > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+class ScrapeSink(Protocol):
+    """Where scrape results go. `ep` is the endpoint as scraped: a result for an endpoint
+    that has since left the pool or changed address must be dropped."""
+
+    def metrics(self, ep: Endpoint, metrics: EndpointMetrics) -> None: ...
+
+    def failed(self, ep: Endpoint, error: str) -> None: ...
+
+    def models(self, ep: Endpoint, models: frozenset[str]) -> None: ...
+
+
+class DatastoreSink:
+    """Results written straight into the datastore: only from the datastore's own loop."""
+
+    def __init__(self, datastore: Datastore) -> None:
+        self.datastore = datastore
+
+    def metrics(self, ep: Endpoint, metrics: EndpointMetrics) -> None:
+        if self.datastore.get(ep.name) == ep:
+            self.datastore.update_metrics(ep.name, metrics)
+
+    def failed(self, ep: Endpoint, error: str) -> None:
+        if self.datastore.get(ep.name) == ep:
+            self.datastore.mark_scrape_failed(ep.name, error)
+
+    def models(self, ep: Endpoint, models: frozenset[str]) -> None:
+        if self.datastore.get(ep.name) != ep:
+            return
+        setter = getattr(self.datastore, "set_models", None)  # once the datastore has it
+        if callable(setter):
+            try:
+                setter(ep.name, models)
+            except Exception:
+                log.warning("datastore.set_models(%r) failed", ep.name, exc_info=True)
 
 
 class MetricsScraper:
@@ -191,6 +224,8 @@ class MetricsScraper:
     Use as `async with MetricsScraper(ds, interval=0.05): ...`, or `start()` inside
     a running loop and `await stop()`. Keyword overrides are `ScrapeConfig` fields.
     `served_models[name]` holds the model ids the endpoint's `/v1/models` lists.
+    `sink` receives the results (default: the datastore, on this loop); the datastore
+    is otherwise only read (its endpoints, its clock), which any thread may do.
     """
 
     def __init__(
@@ -198,7 +233,7 @@ class MetricsScraper:
         datastore: Datastore,
         config: ScrapeConfig | None = None,
         *,
-        session: aiohttp.ClientSession | None = None,
+        sink: ScrapeSink | None = None,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         **overrides: Any,
@@ -209,23 +244,32 @@ class MetricsScraper:
             raise TypeError(f"unknown scraper option(s): {', '.join(sorted(unknown))}")
         self.datastore = datastore
         self.config = replace(config or ScrapeConfig(), **overrides)
+        self.sink: ScrapeSink = sink or DatastoreSink(datastore)
         self.served_models: dict[str, frozenset[str]] = {}
-        self._session = session
-        self._owns_session = session is None
+        self._client: HttpGetClient | None = None
         self._tasks: dict[str, tuple[Endpoint, asyncio.Task[None]]] = {}
         self._dying: set[asyncio.Task[None]] = set()
         self._failing: dict[str, str] = {}
+        # The last good metrics per endpoint, as this scraper read them (the sink may
+        # apply them later, on another thread): the adaptive rule and `extract` compare
+        # against these.
+        self._latest: dict[str, EndpointMetrics] = {}
         self._clock = clock
         self._sleep = sleep
         # The interval each endpoint is polled at now (adaptive mode changes it).
         self.intervals: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
-        self._subscribed = False
+        self._unsubscribe: Callable[[], None] | None = None
         cfg = self.config
-        self._timeout = aiohttp.ClientTimeout(total=cfg.timeout)
-        # ssl=False skips certificate checks (upstream's insecureSkipVerify, default on).
-        self._ssl = not (cfg.scheme == "https" and cfg.insecure_skip_verify)
+        self._headers = {**_HEADERS}
+        self._ssl_context: ssl.SSLContext | None = None
+        if cfg.scheme == "https":
+            ctx = ssl.create_default_context()
+            if cfg.insecure_skip_verify:  # upstream's insecureSkipVerify, default on
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            self._ssl_context = ctx
 
     # ---- lifecycle --------------------------------------------------------
     def start(self) -> None:
@@ -233,22 +277,18 @@ class MetricsScraper:
         if self._running:
             return
         self._loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                timeout=self._timeout,
-            )
-            self._owns_session = True
+        self._client = HttpGetClient(self._ssl_context)
         self._running = True
-        if not self._subscribed:
-            # Datastore has no way to unsubscribe; the callback is inert when stopped.
-            self.datastore.on_change(self._on_change)
-            self._subscribed = True
+        if self._unsubscribe is None:
+            self._unsubscribe = self.datastore.on_change(self._on_change)
         self._sync()
 
     async def stop(self) -> None:
-        """Cancel every task and wait for them; close the session if this scraper made it."""
+        """Cancel every task, wait for them, close every connection."""
         self._running = False
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         tasks = [t for _, t in self._tasks.values()] + list(self._dying)
         self._tasks.clear()
         for t in tasks:
@@ -256,9 +296,8 @@ class MetricsScraper:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._dying.clear()
-        if self._owns_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            self._client.close()
 
     async def __aenter__(self) -> MetricsScraper:
         self.start()
@@ -275,6 +314,10 @@ class MetricsScraper:
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def client(self) -> HttpGetClient | None:
+        return self._client
 
     def task_names(self) -> list[str]:
         """Endpoints with a live polling task (for tests and debug pages)."""
@@ -303,6 +346,11 @@ class MetricsScraper:
                 self._failing.pop(name, None)
                 self.intervals.pop(name, None)
                 self.served_models.pop(name, None)
+                self._latest.pop(name, None)
+                if self._client is not None and ep.hostport not in {
+                    e.hostport for e in current.values()
+                }:
+                    self._client.forget(ep.address, ep.port)
         for name, ep in current.items():
             if name not in self._tasks:
                 task = self._loop.create_task(self._run(ep), name=f"epp-scrape:{name}")
@@ -314,6 +362,14 @@ class MetricsScraper:
 
     def _url(self, ep: Endpoint, path: str) -> str:
         return f"{self.config.scheme}://{ep.hostport}{path}"
+
+    def _path(self, ep: Endpoint, path: str) -> str:
+        """The request target for `path` on `ep` (the path of `_url`, which tests may
+        replace to route endpoints to paths of one server)."""
+        url = self._url(ep, path)
+        rest = url.split("://", 1)[-1]
+        slash = rest.find("/")
+        return rest[slash:] if slash >= 0 else "/"
 
     async def _run(self, ep: Endpoint) -> None:
         try:
@@ -331,16 +387,16 @@ class MetricsScraper:
 
     async def _metrics_loop(self, ep: Endpoint, emap: EngineMap) -> None:
         clock = self._clock or asyncio.get_running_loop().time
-        url = self._url(ep, self.config.path)
+        path = self._path(ep, self.config.path)
         lo, hi = self.config.interval, self.config.max_interval
         interval = lo
-        state = load_state(self.datastore.metrics(ep.name))
+        state = load_state(self._previous(ep))
         next_at = clock()
         while True:
-            error = await self.scrape_once(ep, emap, url)
+            error = await self.scrape_once(ep, emap, path)
             if error != INCONCLUSIVE:
                 self._record(ep, error)
-            new_state = load_state(self.datastore.metrics(ep.name))
+            new_state = load_state(self._previous(ep))
             interval = next_interval(interval, error is not None or new_state != state, lo, hi)
             state = new_state
             self.intervals[ep.name] = interval
@@ -350,52 +406,53 @@ class MetricsScraper:
                 next_at = now
             await self._sleep(next_at - now)
 
+    def _previous(self, ep: Endpoint) -> EndpointMetrics | None:
+        """The endpoint's last good metrics: this scraper's, else the datastore's."""
+        latest = self._latest.get(ep.name)
+        return latest if latest is not None else self.datastore.metrics(ep.name)
+
     async def scrape_once(
-        self, ep: Endpoint, emap: EngineMap | None = None, url: str | None = None
+        self, ep: Endpoint, emap: EngineMap | None = None, path: str | None = None
     ) -> str | None:
-        """Scrape one endpoint once and update the datastore; return the failure or None."""
+        """Scrape one endpoint once and hand the result on; return the failure or None."""
         if emap is None:
             emap = get_engine(
                 engine_for(ep, self.config.default_engine, self.config.engine_label_keys),
                 self.config.engines,
             )
-        session = self._session
-        if session is None:
+        client = self._client
+        if client is None:
             return "scraper not started"
+        cfg = self.config
         started = self.datastore.clock()
         try:
-            async with session.get(
-                url or self._url(ep, self.config.path),
-                headers=_HEADERS,
-                timeout=self._timeout,
-                ssl=self._ssl,
-            ) as resp:
-                if resp.status != 200:
-                    return f"HTTP {resp.status}"
-                limit = self.config.max_page_bytes
-                if (resp.content_length or 0) > limit:
-                    return f"metrics page of {resp.content_length} bytes exceeds {limit}"
-                body = await _read_bounded(resp.content, limit)
-                if body is None:
-                    return f"metrics page exceeds {limit} bytes"
-            samples = promtext.parse(body, emap.families)
-            metrics = extract(
-                emap, samples, self.datastore.clock(), previous=self.datastore.metrics(ep.name)
-            )
+            async with asyncio.timeout(cfg.timeout):
+                resp = await client.get(
+                    ep.address,
+                    ep.port,
+                    path or self._path(ep, cfg.path),
+                    headers=self._headers,
+                    max_bytes=cfg.max_page_bytes,
+                )
+            if resp.status != 200:
+                return f"HTTP {resp.status}"
+            samples = promtext.parse(resp.body, emap.families)
+            metrics = extract(emap, samples, self.datastore.clock(), previous=self._previous(ep))
         except asyncio.CancelledError:
             raise
         except MetricsExtractError as e:
             return str(e)
         except TimeoutError as e:
-            if self.datastore.clock() - started < self.config.timeout:
+            if self.datastore.clock() - started < cfg.timeout:
                 return INCONCLUSIVE
-            return _reason(e, self.config.timeout)
+            return _reason(e, cfg.timeout)
         except Exception as e:  # any failure is a failed scrape, never a dead task
-            if not isinstance(e, aiohttp.ClientError | OSError | TimeoutError):
+            if not isinstance(e, ProtocolError | BodyTooLarge | OSError):
                 log.debug("unexpected scrape error for %s", ep.name, exc_info=True)
-            return _reason(e, self.config.timeout)
+            return _reason(e, cfg.timeout)
         if self._current(ep):
-            self.datastore.update_metrics(ep.name, metrics)
+            self._latest[ep.name] = metrics
+            self.sink.metrics(ep, metrics)
         return None
 
     def _record(self, ep: Endpoint, error: str | None) -> None:
@@ -407,7 +464,7 @@ class MetricsScraper:
                 log.info("metrics of %s (%s) recovered", ep.name, ep.hostport)
             return
         if self._current(ep):
-            self.datastore.mark_scrape_failed(ep.name, error)
+            self.sink.failed(ep, error)
         self._failing[ep.name] = error
         if previous is None:
             log.warning(
@@ -418,11 +475,11 @@ class MetricsScraper:
             )
 
     async def _models_loop(self, ep: Endpoint) -> None:
-        url = self._url(ep, self.config.models_path)
+        path = self._path(ep, self.config.models_path)
         failed = False
         while True:
             try:
-                models = await self.fetch_models(ep, url)
+                models = await self.fetch_models(ep, path)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -436,15 +493,20 @@ class MetricsScraper:
                 self._set_models(ep, models)
             await asyncio.sleep(self.config.models_interval)
 
-    async def fetch_models(self, ep: Endpoint, url: str | None = None) -> frozenset[str]:
+    async def fetch_models(self, ep: Endpoint, path: str | None = None) -> frozenset[str]:
         """The model ids an OpenAI-compatible server lists at `/v1/models` (raises on error)."""
-        if self._session is None:
+        if self._client is None:
             raise RuntimeError("scraper not started")
-        async with self._session.get(
-            url or self._url(ep, self.config.models_path), timeout=self._timeout, ssl=self._ssl
-        ) as resp:
-            resp.raise_for_status()
-            payload = await resp.json(content_type=None)
+        async with asyncio.timeout(self.config.timeout):
+            resp = await self._client.get(
+                ep.address,
+                ep.port,
+                path or self._path(ep, self.config.models_path),
+                max_bytes=self.config.max_page_bytes,
+            )
+        if resp.status != 200:
+            raise ValueError(f"HTTP {resp.status} from {self.config.models_path}")
+        payload = json.loads(resp.body)
         data = payload.get("data") if isinstance(payload, dict) else None
         if not isinstance(data, list):
             raise ValueError("no 'data' list in the /v1/models reply")
@@ -456,9 +518,4 @@ class MetricsScraper:
         if not self._current(ep) or self.served_models.get(ep.name) == models:
             return
         self.served_models[ep.name] = models
-        setter = getattr(self.datastore, "set_models", None)  # once the datastore has it
-        if callable(setter):
-            try:
-                setter(ep.name, models)
-            except Exception:
-                log.warning("datastore.set_models(%r) failed", ep.name, exc_info=True)
+        self.sink.models(ep, models)

@@ -44,10 +44,12 @@ from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
 from epp.extproc.refusals import RefusalLog
+from epp.flowcontrol.controller import FlowController
 from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
+from epp.scheduling.types import CycleState
 
 log = logging.getLogger("epp.extproc")
 
@@ -57,6 +59,14 @@ log = logging.getLogger("epp.extproc")
 # the thread cuts the loop's longest stall 3x. json.loads itself holds the GIL, so a huge
 # body still stalls the loop for that one call: the body-size limit bounds it.
 PARSE_OFF_LOOP_BYTES = 256 * 1024
+
+# Above this many body bytes, when a plugin tokenizes the prompt (`Director.prepares`:
+# a prefix producer with a `tokenizer`), the parse AND that request-only work
+# (`Scheduler.prepare`) run in a worker thread before routing. Tokenizing costs ~2.4 µs
+# of CPU per token (docs/BENCHMARKS.md "Chat rendering and tokenizing"): a 16 KiB prompt
+# is ~4K tokens, ~10 ms on the loop, against ~0.1-0.2 ms for the hop; below it the hop
+# costs about what it saves.
+PREPARE_OFF_LOOP_BYTES = 16 * 1024
 
 # The process's log of refusals (rate-limited per status); tests pass their own.
 REFUSALS = RefusalLog(log)
@@ -115,8 +125,7 @@ class RequestStream:
         self.status = 0
         self.meter: ResponseMeter | None = None
         # (raw body, parse outcome) when handle_async parsed the body in a worker thread
-        self._preparsed: tuple[bytes, tuple[InferenceRequest, bytes | None] | Exception] | None
-        self._preparsed = None
+        self._preparsed: tuple[bytes, _Parsed | Exception] | None = None
 
     # ---- entry points -----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -157,16 +166,49 @@ class RequestStream:
                 await self.director.await_capacity()
             except EppError as e:
                 return self._reject(e)
-        raw = self._large_final_body(msg)
+        low = PREPARE_OFF_LOOP_BYTES if self.director.prepares else PARSE_OFF_LOOP_BYTES
+        raw = self._final_body(msg, low)
         if raw is not None:
             assert self.request is not None
+            director = self.director if self.director.prepares else None
             try:
-                outcome: tuple[InferenceRequest, bytes | None] | Exception
-                outcome = await asyncio.to_thread(_parse, self.request, raw, self.body_limits)
+                outcome: _Parsed | Exception
+                outcome = await asyncio.to_thread(
+                    _parse, self.request, raw, self.body_limits, director
+                )
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
             self._preparsed = (raw, outcome)
-        return self.handle(msg)
+        flow = self.director.flow_control
+        if flow is not None and self.phase is Phase.GATHER_BODY and self._routes_now(msg):
+            try:
+                await self._wait_in_flow_control(msg, flow)
+            except EppError as e:
+                return self._reject(e)
+            except Exception as e:  # a bug costs this request a 500, as in `handle`
+                error = internal_error(f"unexpected {type(e).__name__} in flow control")
+                error.__cause__ = e
+                return self._reject(error)
+        return self.handle(msg)  # synchronous: a request let through is routed before any other
+
+    async def _wait_in_flow_control(self, msg: pb.ProcessingRequest, flow: FlowController) -> None:
+        """Parse the completed body (if not yet), then wait for flow control's go-ahead.
+        A body that fails to parse or is over the limit does not wait: `handle` refuses it."""
+        if self._preparsed is None:
+            raw = self._final_body(msg, 0)
+            if raw is None:
+                return
+            assert self.request is not None
+            try:
+                outcome: _Parsed | Exception
+                outcome = _parse(self.request, raw, self.body_limits)
+            except Exception as e:
+                outcome = e
+            self._preparsed = (raw, outcome)
+        raw, outcome = self._preparsed
+        if isinstance(outcome, Exception):
+            return
+        await flow.acquire(outcome[0], len(raw))
 
     def _routes_now(self, msg: pb.ProcessingRequest) -> bool:
         """`msg` completes the request, so handling it routes."""
@@ -179,8 +221,10 @@ class RequestStream:
             kind == "request_body" and msg.request_body.end_of_stream
         )
 
-    def _large_final_body(self, msg: pb.ProcessingRequest) -> bytes | None:
-        """The whole body if `msg` completes one of PARSE_OFF_LOOP_BYTES..max_body_bytes."""
+    def _final_body(self, msg: pb.ProcessingRequest, min_size: int) -> bytes | None:
+        """The whole body if `msg` completes one of min_size (exclusive)..max_body_bytes
+        (the caller's min_size: PARSE_OFF_LOOP_BYTES, or PREPARE_OFF_LOOP_BYTES when a
+        plugin tokenizes, `Director.prepares`; 0 for any body)."""
         if self.phase is not Phase.GATHER_BODY:
             return None
         kind = msg.WhichOneof("request")
@@ -191,7 +235,7 @@ class RequestStream:
         else:
             return None
         size = sum(map(len, parts))
-        if not PARSE_OFF_LOOP_BYTES < size <= self.max_body_bytes:
+        if not min_size < size <= self.max_body_bytes:
             return None
         return b"".join(parts)
 
@@ -349,14 +393,14 @@ class RequestStream:
         if preparsed is None:
             raw = b"".join(self._chunks)
             self._drop_body()
-            req, new_body = _parse(self.request, raw, self.body_limits)
+            req, new_body, state = _parse(self.request, raw, self.body_limits)
         else:
             raw, outcome = preparsed
             self._drop_body()
             if isinstance(outcome, Exception):
                 raise outcome
-            req, new_body = outcome
-        self.decision = self.director.route(req, self.subset)
+            req, new_body, state = outcome
+        self.decision = self.director.route(req, self.subset, state)
         self.routed_at = self.clock()
         self.phase = Phase.ROUTED
         body = new_body if new_body is not None else raw
@@ -407,9 +451,18 @@ class RequestStream:
         return [m.immediate_response(error)]
 
 
+# (the parsed request, the body to forward if the model changed, its prepared cycle state)
+_Parsed = tuple[InferenceRequest, bytes | None, CycleState | None]
+
+
 def _parse(
-    request: InferenceRequest, raw: bytes, limits: BodyLimits
-) -> tuple[InferenceRequest, bytes | None]:
-    """The request parsed from `raw`, and the body to forward if the model changes."""
+    request: InferenceRequest,
+    raw: bytes,
+    limits: BodyLimits,
+    director: Director | None = None,
+) -> _Parsed:
+    """The request parsed from `raw`, the body to forward if the model changes, and with
+    `director`, its request-only scheduling work done (`Director.prepare`)."""
     req = parse_body(request, raw, limits)
-    return req, req.body_for_upstream()
+    state = director.prepare(req) if director is not None else None
+    return req, req.body_for_upstream(), state

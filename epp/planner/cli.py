@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from epp.planner import compare as cmp
+from epp.planner.laws.catalog import LAW_NAMES, law_factories
 from epp.planner.outcome import Sla, Summary
 from epp.planner.pool import PoolShape, Spares
 from epp.planner.replay import Arrival, Progress
@@ -59,13 +60,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--compare",
         action="store_true",
-        help="run static-peak, static-mean, load, dynamo and epp side by side",
+        help="run static-peak, static-mean, oracle, keda-queue, llm-d-slo, load, dynamo "
+        "and epp side by side (or those --policies names)",
+    )
+    r.add_argument(
+        "--policies",
+        metavar="A,B,...",
+        help="with --compare: only these policies (comma-separated names)",
     )
     r.add_argument(
         "--policy",
         metavar="NAME",
         help="the one policy to replay without --compare: epp, dynamo, load, "
-        "static-peak or static-mean (default: the planner file's mode, else epp)",
+        "keda-queue, llm-d-slo, oracle, static-peak or static-mean (default: epp)",
     )
     r.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
     r.add_argument("--plot", metavar="FILE", help="write replicas and latency over time (PNG)")
@@ -157,6 +164,7 @@ def _replay(args: argparse.Namespace) -> int:
     from epp.planner.tracefile import load_trace
     from epp.sim import presets
 
+    names = _policy_names(args)  # before any work: a bad name fails at once
     if args.rate_scale is not None and not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
         raise UsageError("--rate-scale must be a positive number")
     arrivals = load_trace(args.trace)
@@ -200,12 +208,27 @@ def _replay(args: argparse.Namespace) -> int:
     setup = dataclasses.replace(setup, budget_gpus=_budget(args, setup))
     _describe(setup, preset.name, args, say)
 
-    names = _policy_names(args)
-    factories = _factories([n for n in names if n not in STATIC_NAMES], args, setup, say)
+    planners = [n for n in names if n in PLANNER_POLICIES]
+    factories = _factories(planners, args, setup, say)
+    factories |= law_factories(
+        [n for n in names if n in LAW_NAMES],
+        arrivals,
+        sla=setup.sla,
+        interval_s=setup.interval_s,
+        shape=setup.shape,
+        budget_gpus=setup.budget_gpus,
+        sizer=sizer,
+    )
     started = time.monotonic()
     if args.compare:
         results = cmp.compare(
-            arrivals, setup, factories, seed=args.seed, spares=spares, progress=say.progress
+            arrivals,
+            setup,
+            factories,
+            seed=args.seed,
+            spares=spares,
+            progress=say.progress,
+            statics=[n for n in names if n in STATIC_NAMES],
         )
         print_comparison(results, setup)
     else:
@@ -265,13 +288,16 @@ def _single(
         return cmp.static_peak(
             arrivals, setup, seed=args.seed, spares=spares, progress=say.progress(name)
         )
-    n = setup.mean.replicas
-    policy: Policy = (
-        StaticPolicy(name, n, setup.interval_s) if name == "static-mean" else factories[name]()
-    )
-    return cmp.run_policy(
-        arrivals, policy, setup, n, seed=args.seed, spares=spares, progress=say.progress(name)
-    )
+    if name == "static-mean":
+        n = setup.mean.replicas
+        policy: Policy = StaticPolicy(name, n, setup.interval_s)
+        return cmp.run_policy(
+            arrivals, policy, setup, n, seed=args.seed, spares=spares, progress=say.progress(name)
+        )
+    return cmp.run_factory(
+        arrivals, name, factories[name], setup, seed=args.seed, spares=spares,
+        progress=say.progress(name),
+    )  # fmt: skip
 
 
 def _given_sla(args: argparse.Namespace) -> Sla | None:
@@ -281,11 +307,20 @@ def _given_sla(args: argparse.Namespace) -> Sla | None:
 
 
 def _policy_names(args: argparse.Namespace) -> list[str]:
-    known = (*STATIC_NAMES, *PLANNER_POLICIES)
+    known = (*STATIC_NAMES, *LAW_NAMES, *PLANNER_POLICIES)
+    if args.policies is not None and not args.compare:
+        raise UsageError("--policies selects what --compare runs; give --compare, or --policy")
     if args.compare:
         if args.policy:
             raise UsageError("--policy picks the one policy to replay; drop it with --compare")
-        return list(known)
+        if args.policies is None:
+            return list(known)
+        chosen = [n.strip() for n in args.policies.split(",") if n.strip()]
+        bad = [n for n in chosen if n not in known]
+        if bad or not chosen:
+            what = f"unknown policy {bad[0]!r}" if bad else "--policies names no policy"
+            raise UsageError(f"{what}; choose from {', '.join(known)}")
+        return list(dict.fromkeys(chosen))
     name = args.policy or "epp"
     if name not in known:
         raise UsageError(f"unknown policy {name!r}; choose one of {', '.join(known)}")

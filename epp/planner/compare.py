@@ -11,17 +11,22 @@ report intervals. What differs is only the scaling law:
   one replica is added and the trace replayed again, at most `PEAK_BUMPS` times. So
   static-peak is "the smallest pool the whole trace shows meets the SLA", the premise
   of issue 8's comparison.
-- The planners (`load`, `dynamo`, `epp`, from `planner.build_policy`) start from the
-  static-mean pool, ready, as an operator would deploy before turning a planner on.
+- The planners (`load`, `dynamo`, `epp`, from `planner.build_policy`) and the field's
+  laws (`keda-queue`, `llm-d-slo`, `laws/`) start from the static-mean pool, ready, as
+  an operator would deploy before turning an autoscaler on.
+- `oracle` (`laws/oracle.py`) is the exception: it starts with its first interval's
+  size and its replicas start at once (start-up 0): the floor, not a deployable policy.
 
 Pure: the caller builds the policies (`factories`) and does the printing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from epp.planner.laws.oracle import Oracle
 from epp.planner.outcome import Sla, Summary, summarize
 from epp.planner.pool import PoolShape, Spares
 from epp.planner.replay import Arrival, Progress, Run, replay
@@ -35,7 +40,8 @@ from epp.planner.static import (
 from epp.planner.types import Policy
 
 PEAK_BUMPS = 3
-ORDER = ("static-peak", "static-mean", "load", "dynamo", "epp")
+ORDER = ("static-peak", "static-mean", "oracle", "keda-queue", "llm-d-slo", "load", "dynamo", "epp")
+STATIC = ("static-peak", "static-mean")
 
 # name -> a policy to replay (built fresh: policies keep state between steps)
 PolicyFactory = Callable[[], Policy]
@@ -133,6 +139,38 @@ def static_peak(
         n += 1
 
 
+def run_factory(
+    arrivals: Sequence[Arrival],
+    name: str,
+    factory: PolicyFactory,
+    setup: Setup,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """A built policy from the static-mean pool; the oracle from its own first size,
+    with instant start."""
+    policy = factory()
+    n = setup.mean.replicas
+    if isinstance(policy, Oracle):
+        instant = dataclasses.replace(setup.shape, startup_s=0.0)
+        return run_policy(
+            arrivals,
+            policy,
+            dataclasses.replace(setup, shape=instant),
+            policy.initial_replicas,
+            seed=seed,
+            spares=spares,
+            progress=progress,
+            note=f"foresight, instant start, {min(policy.sizes)}..{max(policy.sizes)}",
+        )
+    return run_policy(
+        arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress,
+        note=f"starts at {n}",
+    )  # fmt: skip
+
+
 def compare(
     arrivals: Sequence[Arrival],
     setup: Setup,
@@ -141,40 +179,45 @@ def compare(
     seed: int = 0,
     spares: Spares | None = None,
     progress: Callable[[str], Progress] | None = None,
+    statics: Sequence[str] = STATIC,
 ) -> list[Result]:
-    """static-peak, static-mean, then each factory's policy, in `ORDER`."""
+    """The `statics` asked for (both by default), then each factory's policy, in
+    `ORDER`."""
     spares = spares or Spares()
 
     def hook(name: str) -> Progress | None:
         return progress(name) if progress else None
 
-    out = [static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))]
-    n = setup.mean.replicas
-    mean = StaticPolicy("static-mean", n, setup.interval_s)
-    out.append(
-        run_policy(
-            arrivals,
-            mean,
-            setup,
-            n,
-            seed=seed,
-            spares=spares,
-            progress=hook("static-mean"),
-            note=f"{n} from an average interval",
+    out = []
+    if "static-peak" in statics:
+        out.append(
+            static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))
         )
-    )
-    for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
-        policy = factories[name]()
+    n = setup.mean.replicas
+    if "static-mean" in statics:
+        mean = StaticPolicy("static-mean", n, setup.interval_s)
         out.append(
             run_policy(
                 arrivals,
-                policy,
+                mean,
                 setup,
                 n,
                 seed=seed,
                 spares=spares,
+                progress=hook("static-mean"),
+                note=f"{n} from an average interval",
+            )
+        )
+    for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        out.append(
+            run_factory(
+                arrivals,
+                name,
+                factories[name],
+                setup,
+                seed=seed,
+                spares=spares,
                 progress=hook(name),
-                note=f"starts at {n}",
             )
         )
     return out

@@ -126,6 +126,9 @@ class Observation:
     Dynamo's completion counter hides under backpressure (its #11693). `isl_samples`
     is a bounded sample of admitted requests' prompt lengths for distribution-aware
     sizing; `cached_tokens` is per completed request (prompt tokens served from cache).
+    `ttft_ms_samples` / `itl_ms_samples` are the completed requests' own values (the
+    ones `ttft_ms` / `itl_ms` summarise), so a law whose percentile spans several
+    intervals (llm-d's p90 over a 1-minute window, read every 15 s) can pool them.
     """
 
     start: float
@@ -140,6 +143,8 @@ class Observation:
     duration_s: Stats = EMPTY
     cached_tokens: Stats = EMPTY
     isl_samples: tuple[int, ...] = ()
+    ttft_ms_samples: tuple[float, ...] = ()
+    itl_ms_samples: tuple[float, ...] = ()
     roles: Mapping[Role, RoleLoad] = field(default_factory=dict)
     replicas: Mapping[Role, Replicas] = field(default_factory=dict)
     endpoints: tuple[EndpointLoad, ...] = ()

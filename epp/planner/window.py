@@ -118,6 +118,8 @@ class IntervalWindow:
             duration_s=Stats.of(self._duration),
             cached_tokens=Stats.of(self._cached),
             isl_samples=tuple(self._isl_sample),
+            ttft_ms_samples=tuple(self._ttft),
+            itl_ms_samples=tuple(self._itl),
             roles={role: _role_load(samples) for role, samples in self._samples.items()},
             replicas=dict(replicas),
             endpoints=tuple(endpoints),

@@ -57,6 +57,24 @@ class DataProducer(Protocol):
 
 
 @runtime_checkable
+class Preparer(Protocol):
+    """A producer's request-only work (no endpoints, no pool state), e.g. tokenizing the
+    prompt: `prepare` fills `state` (the cycle's CycleState, created before scheduling)
+    and may run in a worker thread, so it must touch nothing shared but thread-safe,
+    read-only parts (a tokenizer). For a large request the ext_proc side runs it off the
+    event loop (`epp/extproc/stream.py`, PREPARE_OFF_LOOP_BYTES); `produce` then finds
+    its result in `state`. Small requests skip it: `produce` computes the same inline.
+    `prepares` says whether this instance has such work (a producer without a tokenizer
+    has none).
+    """
+
+    @property
+    def prepares(self) -> bool: ...
+
+    def prepare(self, state: CycleState, request: InferenceRequest) -> None: ...
+
+
+@runtime_checkable
 class Filter(Protocol):
     name: str
     type_name: str
@@ -82,8 +100,11 @@ class Picker(Protocol):
     type_name: str
 
     def pick(
-        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
-    ) -> ProfileResult: ...
+        self, state: CycleState, request: InferenceRequest, scored: Sequence[ScoredEndpoint]
+    ) -> ProfileResult:
+        """`scored` is a `ScoredEndpoints` when a profile calls (its `scores` list is the
+        fast way to the numbers), any sequence of `ScoredEndpoint` otherwise."""
+        ...
 
 
 @runtime_checkable

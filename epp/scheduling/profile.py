@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, plugin_failed
 from epp.observability import PLUGIN_DURATION
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Filter, Picker, Scorer
-from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
+from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoints
 
 _perf = time.perf_counter
 
@@ -59,7 +62,7 @@ class SchedulerProfile:
                 if not endpoints:
                     return None
             n = len(endpoints)
-            totals = [0.0] * n
+            totals: list[float] | np.ndarray | None = None
             for ws, timer in zip(self.scorers, self._scorer_timers, strict=True):
                 current = ws.scorer
                 t0 = _perf()
@@ -69,10 +72,12 @@ class SchedulerProfile:
                     raise plugin_failed(
                         ws.scorer, f"returned {len(scores)} scores for {n} endpoints"
                     )
-                w = ws.weight
-                for i, s in enumerate(scores):
-                    totals[i] += w * (0.0 if s < 0.0 else 1.0 if s > 1.0 else s)
-            scored = [ScoredEndpoint(e, t) for e, t in zip(endpoints, totals, strict=True)]
+                totals = _add_weighted(totals, scores, ws.weight)
+            if totals is None:
+                totals = [0.0] * n
+            elif not isinstance(totals, list):
+                totals = totals.tolist()
+            scored = ScoredEndpoints(endpoints, totals)
             current = self.picker
             t0 = _perf()
             result = self.picker.pick(state, request, scored)
@@ -88,6 +93,32 @@ class SchedulerProfile:
         parts += [f"scorer:{s.scorer!r}×{s.weight:g}" for s in self.scorers]
         parts.append(f"picker:{self.picker!r}")
         return f"{self.name}[{', '.join(parts)}]"
+
+
+# From this many endpoints the weighted sum runs in numpy: converting a list costs ~25 µs
+# per 1,000 floats, the clamp and the multiply-add a few µs, against ~85 µs for Python's
+# min/max check and comprehension; below it numpy's fixed cost per call (~1-5 µs) wins.
+VECTOR_MIN_ENDPOINTS = 64
+
+
+def _add_weighted(
+    totals: list[float] | np.ndarray | None, scores: Sequence[float], w: float
+) -> list[float] | np.ndarray:
+    """totals + w × clamp(scores, 0, 1), element-wise, as a new list (or array).
+
+    The same IEEE operations in the same order either way (0 + w·s1 + w·s2 + ...), so
+    both paths give identical totals. Small pools: whole-list Python operations (C-level
+    `min`/`max`, the clamp pass only if some score is out of range, one comprehension);
+    large pools: numpy.
+    """
+    if len(scores) >= VECTOR_MIN_ENDPOINTS:
+        arr = np.clip(np.asarray(scores, dtype=np.float64), 0.0, 1.0)  # a copy: NaN stays
+        return arr * w if totals is None else totals + arr * w
+    if scores and (min(scores) < 0.0 or max(scores) > 1.0):
+        scores = [0.0 if s < 0.0 else 1.0 if s > 1.0 else s for s in scores]
+    if totals is None:
+        return [w * s for s in scores]
+    return [t + w * s for t, s in zip(totals, scores, strict=True)]
 
 
 def _timer(extension_point: str, plugin: object):

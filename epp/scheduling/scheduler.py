@@ -10,7 +10,7 @@ from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, internal_error, plugin_failed, unavailable
 from epp.observability import PLUGIN_DURATION, SCHEDULER_E2E
 from epp.request import InferenceRequest
-from epp.scheduling.interfaces import DataProducer, ProfileHandler
+from epp.scheduling.interfaces import DataProducer, Preparer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 
@@ -36,16 +36,35 @@ class Scheduler:
             )
             for p in self.producers
         ]
+        self.preparers = [p for p in self.producers if isinstance(p, Preparer) and p.prepares]
+
+    def prepare(self, request: InferenceRequest) -> CycleState:
+        """The cycle state with every producer's request-only work done (`Preparer`);
+        may run in a worker thread. Raises EppError (a plugin's error: 500 naming it)."""
+        state = CycleState()
+        for p in self.preparers:
+            try:
+                p.prepare(state, request)
+            except EppError:
+                raise
+            except Exception as e:
+                raise plugin_failed(p, type(e).__name__) from e
+        return state
 
     def schedule(
-        self, request: InferenceRequest, candidates: list[EndpointSnapshot]
+        self,
+        request: InferenceRequest,
+        candidates: list[EndpointSnapshot],
+        state: CycleState | None = None,
     ) -> SchedulingResult:
-        """Pick endpoints for `request`; raises EppError(503) when no profile finds one."""
+        """Pick endpoints for `request`; raises EppError(503) when no profile finds one.
+        `state`: the one `prepare` returned for this request, if it ran."""
         t0 = time.perf_counter()
         try:
             if not candidates:
                 raise unavailable("no candidate endpoints for this request")
-            state = CycleState()
+            if state is None:
+                state = CycleState()
             self._produce(state, request, candidates)
             results: dict[str, ProfileResult | None] = {}
             for _ in range(_MAX_ROUNDS):

@@ -21,20 +21,24 @@ The load tokens are chosen by `loadSignal`:
   traffic one cached prefix keeps drawing requests (llm-d issue #355's "few unique
   prefixes" hot spot).
 - `live` ("sticky until saturated", config/prefix-aware.yaml): everything the server still
-  owes, as the EPP counts it — in-flight prompt tokens plus the expected output tokens of
-  requests still generating (`EndpointSnapshot.inflight_tokens`, what `token-load-scorer`
-  spreads) — plus the scraped waiting queue × `queuedRequestTokens`, which sees load this
-  EPP did not send (another replica, direct clients); the EPP's own queued requests are
-  then counted twice, which only makes a queueing server give up stickiness sooner.
+  owes, as the EPP counts it — in-flight uncached prompt tokens plus the expected output
+  tokens of requests still generating (`EndpointSnapshot.inflight_tokens`, what
+  `token-load-scorer` spreads) — plus `queuedRequestTokens` for every request on it: each
+  one the EPP has in flight and each one in the scraped waiting queue (load this EPP did
+  not send: another replica, direct clients). The per-request term is what a cached
+  request still costs: its prefill is nearly free, but its sequence takes a batch slot and
+  every decode step reads its whole context, so 200 cached requests are not 200 × nothing
+  (without it a one-prefix burst piles onto one server). The EPP's own queued requests are
+  counted twice, which only makes a queueing server give up stickiness sooner.
 
 No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
 TTFT estimate is llm-d's: 15,928 tok/s is Qwen 32B on 2×H100 (TP 2) with vLLM 0.19, so
 retune it per deployment. GIE's variant (exploration 0.01, penalty 5,000 ms) takes TTFT
 from a latency predictor this EPP does not have. The prefill tokens are, as in llm-d, the
-prompt tokens of requests that have not had their first token yet (released by the response
-path); llm-d subtracts the cached part, this EPP counts the whole prompt estimate, so the
-same penalty trips somewhat earlier here.
+uncached prompt tokens of requests that have not had their first token yet: the director
+counts a routed prompt minus what the prefix producer predicts the pick holds in cache, and
+the response path releases it at the first token.
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ class PrefixAffinityParams:
         doc="gate load: prefill = in-flight prompt tokens (llm-d); live = + decode + queue",
     )
     queued_request_tokens: int = param(
-        _QUEUED_DEFAULT, min=0, doc="tokens one scraped waiting request adds to the live load"
+        _QUEUED_DEFAULT,
+        min=0,
+        doc="tokens each in-flight or scraped waiting request adds to the live load",
     )
     ttft_source: str = param(
         "prefillThroughput",
@@ -108,8 +114,8 @@ class PrefixCacheAffinityFilter(Plugin):
         """The work ahead of a new request on `endpoint`, in tokens (see `loadSignal`)."""
         if not self.live:
             return endpoint.inflight_prefill_tokens
-        queued = endpoint.metrics.waiting_queue_size * self.queued_tokens
-        return endpoint.inflight_tokens + queued
+        requests = endpoint.metrics.waiting_queue_size + endpoint.inflight_requests
+        return endpoint.inflight_tokens + requests * self.queued_tokens
 
     def ttft_ms(self, endpoint: EndpointSnapshot) -> float:
         """Estimated time to first token: the load tokens ahead of it, prefilled at peak."""

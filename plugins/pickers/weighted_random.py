@@ -7,6 +7,8 @@ the pick is uniform.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from epp.request import InferenceRequest
 from epp.scheduling.registry import register
 from epp.scheduling.types import CycleState, ProfileResult, ScoredEndpoint
@@ -16,7 +18,7 @@ from plugins.pickers.common import BasePicker
 @register("weighted-random-picker")
 class WeightedRandomPicker(BasePicker):
     def pick(
-        self, state: CycleState, request: InferenceRequest, scored: list[ScoredEndpoint]
+        self, state: CycleState, request: InferenceRequest, scored: Sequence[ScoredEndpoint]
     ) -> ProfileResult:
         k = min(self.k, len(scored))
         if all(s.score <= 0 for s in scored):

@@ -125,6 +125,17 @@ class ApproxPrefixCacheProducer(Plugin):
         self._pool_watch = PoolWatch(handle, self.prune)
 
     # ---- DataProducer -----------------------------------------------------
+    @property
+    def prepares(self) -> bool:
+        """Tokenizing is the request-only work worth a thread (`Preparer`)."""
+        return self.tokenizer is not None
+
+    def prepare(self, state: CycleState, request: InferenceRequest) -> None:
+        """Off the loop for a large request (`Preparer`): the prompt's token ids, cached
+        in `state` where `produce` reads them. Thread-safe: the tokenizer only reads."""
+        if self.tokenizer is not None and request.prompt_token_ids is None:
+            prompt_token_ids(state, request, self.tokenizer)
+
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> PrefixMatchInfo:

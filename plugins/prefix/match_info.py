@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-PREFIX_MATCH_KEY = "prefix-match"
+from epp.scheduling.types import PREFIX_MATCH_KEY  # declared by the framework, which reads it
+
+__all__ = ["PREFIX_MATCH_KEY", "PrefixMatchInfo"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,17 @@ class PrecisePrefixCacheProducer(Plugin):
         """From the endpoint's events, else its vllm:cache_config_info; 0 if unknown."""
         return self.index.block_size(snap.name) or snap.metrics.cache_block_size
 
+    @property
+    def prepares(self) -> bool:
+        """Tokenizing is the request-only work worth a thread (`Preparer`)."""
+        return self.tokenizer is not None
+
+    def prepare(self, state: CycleState, request: InferenceRequest) -> None:
+        """Off the loop for a large request (`Preparer`): the prompt's token ids, cached
+        in `state` where `produce` reads them. Thread-safe: the tokenizer only reads."""
+        if self.tokenizer is not None and request.prompt_token_ids is None:
+            prompt_token_ids(state, request, self.tokenizer)
+
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> PrefixMatchInfo:

@@ -22,9 +22,13 @@ from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 
 
 def scores_from(info: PrefixMatchInfo | None, endpoints: list[EndpointSnapshot]) -> list[float]:
-    if info is None:
+    """`info.score(name)` per endpoint, computed once per matched endpoint (few) and
+    looked up for the rest: at 1,000 endpoints one method call each was measurable."""
+    if info is None or info.total_blocks <= 0 or not info.matched:
         return [0.0] * len(endpoints)
-    return [info.score(e.name) for e in endpoints]
+    by_name = {name: info.score(name) for name in info.matched}
+    get = by_name.get
+    return [get(e.endpoint.name, 0.0) for e in endpoints]
 
 
 @register("prefix-scorer", aliases=("prefix-cache-scorer",))

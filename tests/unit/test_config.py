@@ -181,7 +181,7 @@ def test_unknown_top_level_field_and_bad_kind_and_gate():
     assert "data: unknown field" in error("data: {}\n")
     assert "kind: must be EndpointPickerConfig" in load_error_text("kind: Foo\n")
     assert "featureGates[0]: unknown feature gate 'speed'" in error("featureGates: [speed]\n")
-    assert "not implemented yet" in error("featureGates: [flowControl]\n")
+    assert "add `featureGates: [flowControl]`" in error("flowControl: {maxRequests: 5}\n")
 
 
 def load_error_text(text: str) -> str:

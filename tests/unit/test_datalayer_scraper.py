@@ -234,10 +234,10 @@ async def test_stop_leaves_nothing_running(make_server) -> None:
     scraper.start()
     await wait_for(lambda: all(ds.is_healthy(f"e{i}") for i in range(3)), "all healthy")
     ds.set_endpoints([ep_for("e0", servers[0])])  # leaves a cancelled task in flight
-    session = scraper._session
+    client = scraper.client
     await scraper.stop()
     assert scrape_tasks() == []
-    assert session is not None and session.closed
+    assert client is not None and client.idle_connections == 0  # every connection closed
     assert not scraper.running
     ds.set_endpoints([ep_for("e1", servers[1])])  # after stop: the listener is inert
     assert scrape_tasks() == []

@@ -101,3 +101,43 @@ def test_prompt_tokens_leave_at_first_token_output_tokens_at_the_end():
     ds.release("a", prompt_tokens=0, output_tokens=30)  # it ends
     ds.release("a", prompt_tokens=50, output_tokens=20)  # the other ends before any token
     assert ds.inflight("a") == (0, 0) and ds.snapshot()[0].inflight_prefill_tokens == 0
+
+
+def test_incremental_snapshot_equals_a_full_rebuild_after_any_sequence():
+    """`snapshot()` rebuilds only what changed (and staleness when due): after 3,000
+    random operations it must always equal a snapshot built from scratch."""
+    import random
+
+    rng = random.Random(7)
+    now = [0.0]
+    eps = [Endpoint(f"e{i}", f"10.0.0.{i}", 80) for i in range(12)]
+    fast = Datastore(staleness=2.0, clock=lambda: now[0])
+    full = Datastore(staleness=2.0, clock=lambda: now[0])
+    members = eps[:8]
+    for ds in (fast, full):
+        ds.set_endpoints(members)
+    for step in range(3000):
+        op = rng.randrange(8)
+        name = rng.choice(members).name
+        waiting, coin = rng.randrange(5), rng.random() < 0.5  # the same for both
+        for ds in (fast, full):
+            if op == 0:
+                ds.update_metrics(name, EndpointMetrics(waiting, update_time=now[0]))
+            elif op == 1:
+                ds.mark_scrape_failed(name, "boom")
+            elif op == 2:
+                ds.acquire(name, 3, 4)
+            elif op == 3:
+                ds.release(name, 3, 4)
+            elif op == 4:
+                ds.set_draining(name, coin)
+            elif op == 5:
+                ds.set_models(name, ["m"] if coin else [])
+        if op == 6:
+            members = rng.sample(eps, rng.randrange(1, len(eps)))
+            for ds in (fast, full):
+                ds.set_endpoints(members)
+        if op == 7:
+            now[0] += rng.choice((0.01, 0.5, 1.5, 2.5))  # some steps make views stale
+        full._view = None  # force the from-scratch build
+        assert fast.snapshot() == full.snapshot(), f"step {step}"

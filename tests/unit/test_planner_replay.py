@@ -267,6 +267,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
          "--time-limit"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--rate-scale", "0"),
          "--rate-scale must be a positive number"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
+         ("--compare", "--policies", "epp,keda"),
+         "unknown policy 'keda'; choose from static-peak, static-mean, oracle, keda-queue, "
+         "llm-d-slo, load, dynamo, epp"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n', ("--policies", "epp"),
+         "--policies selects what --compare runs"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
+         ("--compare", "--policies", " , "), "--policies names no policy"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, message):
@@ -302,11 +310,33 @@ def test_compare_writes_the_json_the_issue_asks_for(tmp_path, capsys):
     doc = json.loads(out_json.read_text())
     names = [p["name"] for p in doc["policies"]]
     assert names[:2] == ["static-peak", "static-mean"]
-    assert set(names) <= {"static-peak", "static-mean", "load", "dynamo", "epp"}
+    assert set(names) == {
+        "static-peak", "static-mean", "oracle", "keda-queue", "llm-d-slo", "load", "dynamo", "epp"
+    }  # fmt: skip
     for p in doc["policies"]:
         assert {"gpu_hours", "sla_intervals", "sla_requests", "actions"} <= set(p)
         assert 0.0 <= p["sla_intervals"] <= 1.0 and 0.0 <= p["sla_requests"] <= 1.0
     assert "static-peak" in out and "GPU-h" in out
+
+
+def test_policies_selects_what_compare_runs(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    arrivals = poisson(120, 20.0, seed=8)
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": a.t_s * 1000, "input_length": a.isl, "output_length": a.osl})
+            + "\n"
+            for a in arrivals
+        )
+    )
+    out_json = tmp_path / "out.json"
+    code, _, _ = run_cli(
+        capsys, "--trace", str(trace), "--preset", "tiny", "--interval", "5", "--compare",
+        "--policies", "llm-d-slo,static-peak,oracle,keda-queue", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0
+    names = [p["name"] for p in json.loads(out_json.read_text())["policies"]]
+    assert names == ["static-peak", "oracle", "keda-queue", "llm-d-slo"]  # ORDER, not argv
 
 
 def test_bursty_writes_a_trace_the_replay_reads(tmp_path, capsys):

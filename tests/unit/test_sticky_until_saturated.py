@@ -3,6 +3,7 @@ on hand-made endpoint sets, and the whole config spreading equal endpoints in a 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from pathlib import Path
@@ -48,16 +49,21 @@ def names(endpoints: list[EndpointSnapshot]) -> list[str]:
     return [e.name for e in endpoints]
 
 
-def busy(name: str, prefill: int = 0, decode: int = 0, queue: int = 0) -> EndpointSnapshot:
+def busy(
+    name: str, prefill: int = 0, decode: int = 0, queue: int = 0, requests: int = 0
+) -> EndpointSnapshot:
     s = snap(name, inflight_tokens=prefill + decode, inflight_prefill_tokens=prefill)
+    s = dataclasses.replace(s, inflight_requests=requests)
     return with_metrics(s, waiting_queue_size=queue)
 
 
-def test_live_load_counts_prompt_decode_and_scraped_queue():
+def test_live_load_counts_prompt_decode_and_every_request():
     f = live_filter()
     # 1,000 prompt + 3,000 expected output + 2 queued × 500 = 5,000 tokens = 5,000 ms.
     assert f.load_tokens(busy("a", prefill=1000, decode=3000, queue=2)) == 5000
     assert f.ttft_ms(busy("a", prefill=1000, decode=3000, queue=2)) == 5000.0
+    # 3 requests in flight from this EPP weigh 500 each too: 5,000 + 1,500.
+    assert f.load_tokens(busy("a", prefill=1000, decode=3000, queue=2, requests=3)) == 6500
     # llm-d's signal sees only the 1,000 prompt tokens.
     prefill_only = plugin("prefix-cache-affinity-filter", {"peakPrefillThroughput": 1000})
     assert prefill_only.load_tokens(busy("a", prefill=1000, decode=3000, queue=2)) == 1000
@@ -121,6 +127,44 @@ def test_queued_request_tokens_needs_the_live_signal():
         parse_params(spec.params, {"loadSignal": "kv"})
 
 
+def test_cached_long_prompts_in_flight_keep_the_server_sticky():
+    # Long context (8,000 cached + 500 new tokens) at 15,928 tok/s, penalty 250 ms =
+    # 3,982 tokens, 1,024 per request. a (cached) has 2 requests in flight, each holding
+    # its 500 uncached tokens + 50 output: 2 × (550 + 1,024) = 3,148 ≤ 3,982: stays
+    # sticky. Counting whole prompts (2 × 8,550 = 17,100) would send the next request to
+    # a cold server that must prefill all 8,500 tokens.
+    f = plugin(
+        "prefix-cache-affinity-filter",
+        {"loadSignal": "live", "queuedRequestTokens": 1024, "maxTTFTPenaltyMs": 250},
+    )
+    eps = [busy("a", prefill=1000, decode=100, requests=2), busy("b")]
+    assert names(f.filter(matched(a=10), completion(), eps)) == ["a"]
+    # A third such request tips it: 3 × 1,574 = 4,722 > 3,982.
+    eps = [busy("a", prefill=1500, decode=150, requests=3), busy("b")]
+    assert names(f.filter(matched(a=10), completion(), eps)) == ["a", "b"]
+
+
+def test_a_routed_request_holds_only_its_uncached_prompt():
+    ds, d = director(2, seed=0)
+    prompt = "a long shared document " * 500 + "question one"  # ~2,878 tokens (chars / 4)
+    first = d.route(completion(prompt, max_tokens=10), None)
+    (hold,) = first.held
+    # Nothing cached anywhere yet: the whole prompt is prefill work.
+    assert hold.prompt_tokens == completion(prompt, max_tokens=10).prompt_tokens_estimate
+    # (2,878 + 10 + 1,024 < 3,982 would stick anyway; the release makes it plain.)
+    # Its first token came back, so its server now owes 10 output tokens + 1,024 for the
+    # request: under the 3,982-token gate, so the next request with that prefix sticks.
+    d.first_token(first)
+    second = d.route(completion(prompt + " and two", max_tokens=10), None)
+    (hold2,) = second.held
+    assert hold2.name == hold.name  # sticky: the prefix is there
+    # The approximate index says the picked server holds every full 16-token block of
+    # the first prompt: what is left is the tail, less than a few blocks.
+    assert 0 < hold2.prompt_tokens < 64, hold2
+    tokens = ds.inflight(hold.name)[1]
+    assert tokens == hold2.prompt_tokens + 2 * 10  # the first's prompt was given back
+
+
 # ---- the shipped config --------------------------------------------------------------
 
 
@@ -145,11 +189,12 @@ def test_shipped_config_is_the_filter_then_token_load_then_prefix():
 def test_burst_with_one_prefix_spreads_evenly(seed: int):
     ds, d = director(4, seed)
     prompt = "shared system prompt " * 400 + "question"  # ~2,000 tokens (characters / 4)
-    # 200 requests, none finishing: each holds its prompt + 16 output tokens. The first
-    # makes its server sticky; the gate (250 ms at 15,928 tok/s = 3,982 tokens) opens after
-    # 2 requests there (2 × 2,018 = 4,036 > 3,982); every server that takes one becomes
-    # sticky too, and token-load then fills the least loaded: 50 each, ±1 for the random
-    # order in which exact ties fall.
+    # 200 requests, none finishing. The first on a server holds its whole prompt (~2,000
+    # tokens, uncached) + 16 output + 1,024 for the request ≈ 3,040; every later one there
+    # is cached and holds ~16 + 1,024. The gate (250 ms at 15,928 tok/s = 3,982 tokens)
+    # opens once the sticky server is that far ahead of the best other: after 2 requests
+    # (3,040 + 1,040 = 4,080). Every server that takes one becomes sticky too, and
+    # token-load then fills the least loaded: 50 each, ±1 for the random order of ties.
     picks = Counter(
         d.route(completion(prompt, max_tokens=16), None).destinations[0] for _ in range(200)
     )

@@ -1,0 +1,147 @@
+"""CPU per request of the EPP's own request path, without gRPC: one ext_proc stream's
+messages (request headers, then the body with end_of_stream) through `RequestStream`, the
+default profile over `--endpoints` endpoints, the stream closed. What is left of the
+EPP's cost once gRPC and asyncio (the same for the minimal servicer) are taken out.
+
+    .venv/bin/python bench/request_cpu.py [--endpoints 8] [--requests 3000]
+    .venv/bin/python bench/request_cpu.py --baseline ../main   # old vs new, one run
+
+CPU time of this thread (`thread_time`), so a shared machine's other jobs do not inflate
+it; the figure is the median over `--batches` batches of the mean per request. With
+`--baseline CHECKOUT` the script runs in subprocesses, alternately with this checkout's
+`epp` and CHECKOUT's, `--rounds` times each (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from epp.composition import install_plugins
+from epp.config.loader import load_default_config
+from epp.datastore import Datastore, Endpoint, EndpointMetrics
+from epp.director import Director
+from epp.extproc.stream import RequestStream
+from epp.scheduling.registry import Handle
+
+# The body bench/overhead.py sends (~300 bytes).
+BODY = json.dumps(
+    {
+        "model": "tiny",
+        "prompt": "You are a helpful assistant. Summarise the following support ticket in one "
+        "short sentence: the customer reports that the mobile app logs them out every few "
+        "minutes since the last update, on both Wi-Fi and cellular.",
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "user": "b",
+    }
+).encode()
+
+
+def messages() -> list[pb.ProcessingRequest]:
+    headers = {
+        ":path": "/v1/completions",
+        ":method": "POST",
+        ":authority": "127.0.0.1:10000",
+        ":scheme": "http",
+        "content-type": "application/json",
+        "content-length": str(len(BODY)),
+        "x-request-id": "5f0c3a8e-4a53-4c5e-9d0e-2f1f0a7d9c11",
+        "user-agent": "Python/3.11 aiohttp/3.14",
+    }
+    first = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(
+                headers=[
+                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
+                ]
+            )
+        ),
+        protocol_config=pb.ProtocolConfiguration(
+            request_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+        ),
+    )
+    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True))
+    # Envoy's bytes, parsed per request as gRPC would: the cost of the messages' Python
+    # objects is part of the request path.
+    return [first.SerializeToString(), body.SerializeToString()]
+
+
+def build(n: int) -> Director:
+    rng = random.Random(0)
+    ds = Datastore(staleness=1e9)
+    ds.set_endpoints([Endpoint(f"sim-{i}", "127.0.0.1", 30000 + i) for i in range(n)])
+    for e in ds.endpoints():
+        ds.update_metrics(
+            e.name, EndpointMetrics(kv_cache_usage=rng.random() * 0.1, update_time=ds.clock())
+        )
+    cfg = load_default_config(Handle(rng=random.Random(0)), install_plugins())
+    return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
+
+
+def measure(n: int, requests: int, batches: int) -> dict[str, float]:
+    director = build(n)
+    raw = messages()
+    per_batch = []
+    for b in range(batches + 1):
+        c0 = time.thread_time()
+        for _ in range(requests // batches):
+            stream = RequestStream(director, 32 << 20)
+            for data in raw:
+                stream.handle(pb.ProcessingRequest.FromString(data))
+            stream.close()
+        if b:  # the first batch warms up
+            per_batch.append((time.thread_time() - c0) / (requests // batches))
+    return {"endpoints": n, "cpu_us_per_request": statistics.median(per_batch) * 1e6}
+
+
+def child(checkout: Path | None, args: argparse.Namespace) -> float:
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    argv = [
+        sys.executable, str(Path(__file__).resolve()), "--json", "--endpoints",
+        str(args.endpoints), "--requests", str(args.requests), "--batches", str(args.batches),
+    ]  # fmt: skip
+    out = subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["cpu_us_per_request"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--endpoints", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--baseline", type=Path, metavar="CHECKOUT")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if args.baseline is None:
+        r = measure(args.endpoints, args.requests, args.batches)
+        print(json.dumps(r) if args.json else f"{r['cpu_us_per_request']:.1f} µs CPU per request")
+        return
+    got: dict[str, list[float]] = {"before": [], "after": []}
+    for r in range(args.rounds):
+        order = [("before", args.baseline), ("after", None)]
+        for label, checkout in order if r % 2 == 0 else order[::-1]:
+            got[label].append(child(checkout, args))
+    before, after = (statistics.median(got[k]) for k in ("before", "after"))
+    print(f"{args.endpoints} endpoints, medians of {args.rounds} rounds:")
+    print(f"before ({args.baseline}): {before:.1f} µs CPU per request  {got['before']}")
+    print(f"after (this checkout): {after:.1f} µs CPU per request  {got['after']}")
+    print(f"after / before: {after / before:.2f}")
+
+
+if __name__ == "__main__":
+    main()
