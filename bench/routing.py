@@ -522,13 +522,18 @@ def start_epp(
     endpoints = [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
     if kv_base is not None:
         endpoints = [f"{e};epp.kv-events-port={kv_base + i}" for i, e in enumerate(endpoints)]
-    scrape = ["--refresh-metrics-interval", str(args.scrape_interval)]
-    if args.scrape_max_interval:
+    scrape = []  # None: the EPP's own defaults
+    if args.scrape_interval is not None:
+        scrape += ["--refresh-metrics-interval", str(args.scrape_interval)]
+    if args.scrape_max_interval is not None:
         scrape += ["--refresh-metrics-max-interval", str(args.scrape_max_interval)]
     scrape += ["--metrics-staleness-threshold", str(args.staleness)]
     scrape += ["--scrape-timeout", str(args.scrape_timeout)]
     envoy, _ = start_epp_behind_envoy(
-        pg, [*endpoints, "--config", str(config), *scrape], n_epps=n_epps
+        pg,
+        [*endpoints, "--config", str(config), *scrape],
+        response_path=args.response_path == "on",
+        n_epps=n_epps,
     )
     return envoy.url
 
@@ -653,8 +658,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scrape-interval",
         type=float,
-        default=0.05,
-        help="the EPP's --refresh-metrics-interval, REAL seconds (0.05)",
+        default=None,
+        help="the EPP's --refresh-metrics-interval, REAL seconds (default: the EPP's)",
     )
     p.add_argument(
         "--staleness",
@@ -670,8 +675,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scrape-max-interval",
         type=float,
-        default=0.0,
-        help="the EPP's --refresh-metrics-max-interval (0 = fixed)",
+        default=None,
+        help="the EPP's --refresh-metrics-max-interval (0 = fixed; default: the EPP's)",
+    )
+    p.add_argument(
+        "--response-path",
+        choices=("on", "off"),
+        default="on",
+        help="the EPP's response path (--response-path of epp serve, and Envoy's response "
+        "phases); off: no TTFT/ITL observations and in-flight counts end at routing (on)",
     )
     p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
     p.add_argument("--json", help="write the summaries here")
@@ -723,8 +735,22 @@ def _known_setup(setup: str) -> bool:
     return base.startswith("epp-") and base in SETUPS and k.isdigit() and int(k) >= 1
 
 
+START_ATTEMPTS = 2  # a free port taken by another process between probe and bind
+
+
 def run_setup(setup: str, args: argparse.Namespace, reqs: list[Req]) -> list[dict] | str:
-    """One fresh pool + setup, the workload through it; its rows, or why it did not start."""
+    """One fresh pool + setup, the workload through it; its rows, or why it did not start
+    (after `START_ATTEMPTS` tries: on a shared machine a port found free can be taken
+    before Envoy binds it)."""
+    for attempt in range(START_ATTEMPTS):
+        got = _run_setup_once(setup, args, reqs)
+        if not isinstance(got, str):
+            return got
+        sys.stderr.write(f"  {setup} did not start (attempt {attempt + 1}): {got[:200]}\n")
+    return got
+
+
+def _run_setup_once(setup: str, args: argparse.Namespace, reqs: list[Req]) -> list[dict] | str:
     with tempfile.TemporaryDirectory() as tmp, ProcessGroup() as pg:
         try:
             url, sim_urls = start_setup(pg, setup, args, Path(tmp))

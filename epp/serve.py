@@ -90,6 +90,11 @@ class ServeOptions:
     limits: StreamLimits = field(default_factory=StreamLimits)
     # On SIGTERM: health NOT_SERVING, new streams refused, open ones get this long.
     drain_timeout: float = 30.0
+    # Upstream's 50 ms, fixed. The routing matrix (docs/BENCHMARKS.md "Routing workload
+    # matrix") ran at 0.25 s adaptive to 1 s, which costs the servers far less, but the
+    # configs that score scraped queues (this default, prefix-weighted, load-only,
+    # precise) herd with it; config/prefix-aware.yaml does not (its load is the EPP's own
+    # in-flight count), and is the one to pair with slower scraping.
     refresh_metrics_interval: float = 0.05
     # > refresh_metrics_interval: adaptive scraping up to this (epp/datalayer/scraper.py).
     refresh_metrics_max_interval: float = 0.0
@@ -491,7 +496,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         metavar="SECONDS",
-        help="how often each endpoint's /metrics is scraped (0.05)",
+        help="how often each endpoint's /metrics is scraped (0.05, upstream's; with "
+        "config/prefix-aware.yaml 0.25 and --refresh-metrics-max-interval 1 cost the "
+        "servers less and route as well, docs/BENCHMARKS.md)",
     )
     p.add_argument(
         "--refresh-metrics-max-interval",
