@@ -67,7 +67,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -79,7 +78,7 @@ import aiohttp
 
 from epp.harness.envoy import EnvoyOptions, render_direct, start_envoy
 from epp.harness.localstack import start_epp_behind_envoy
-from epp.harness.procs import HttpReady, ProcessGroup, free_port
+from epp.harness.procs import HttpReady, ProcessGroup, free_port, free_port_range
 
 ROOT = Path(__file__).resolve().parents[1]
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
@@ -469,30 +468,11 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- setups
 
 
-def free_range(n: int) -> int:
-    """A base port p with p..p+n-1 all free a moment ago (for `epp sim --replicas n`)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def start_sims(
     pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None, kv_bind: bool = False
 ) -> list[str]:
     """`kv_bind`: each replica binds KV-events port kv_port + i (connect mode)."""
-    base = free_range(args.servers)
+    base = free_port_range(args.servers)
     argv = [*EPP_CMD, "sim", "--replicas", str(args.servers), "--port", str(base)]
     argv += ["--preset", args.preset, "--time-scale", str(args.time_scale)]
     argv += ["--kv-capacity-tokens", str(args.kv_tokens), "--max-model-len", str(args.kv_tokens)]
@@ -558,7 +538,7 @@ def connect_config(path: Path, block_size: int) -> None:
 def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Path):
     setup, n_epps = split_setup(setup)
     if n_epps is not None:  # NAME@K: K replicas (connect-mode KV events for precise)
-        kv_base = free_range(args.servers) if setup == "epp-precise" else None
+        kv_base = free_port_range(args.servers) if setup == "epp-precise" else None
         urls = start_sims(pg, args, kv_base, kv_bind=True)
         if setup == "epp-load":
             config = ROOT / "config" / "load-only.yaml"

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from epp.harness.procs import HttpReady, LogReady, ProcessGroup, free_port
+from epp.harness.procs import HttpReady, LogReady, ProcessGroup, free_port, free_port_range
 
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
 
@@ -36,31 +34,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def free_range(n: int) -> int:
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - n)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def measure(
     setting: str, servers: int, seconds: float, checkout: Path | None = None
 ) -> tuple[float, float]:
     """(servers' CPU, EPP CPU) in cores; `checkout`: run that checkout's epp serve."""
     lo, _, hi = setting.partition("-")
     with ProcessGroup() as pg:
-        base = free_range(servers)
+        base = free_port_range(servers)
         argv = [*EPP_CMD, "sim", "--replicas", str(servers), "--port", str(base)]
         urls = [f"http://127.0.0.1:{base + i}" for i in range(servers)]
         sim = pg.start("sims", argv, ready=HttpReady(urls[-1] + "/health"), timeout=90)

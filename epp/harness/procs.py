@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import random
 import re
 import shutil
 import signal
@@ -53,6 +54,29 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_port_range(n: int, host: str = "0.0.0.0") -> int:
+    """A base port p with p .. p+n-1 all free a moment ago (`epp sim --replicas n`, KV-event
+    ports per replica). Drawn below Linux's ephemeral range (32768+), where `free_port`'s
+    and every client socket's ports come from, so a neighbour of a free port is not taken
+    by the next outgoing connection; racy in the same way as `free_port` otherwise."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32768 - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports in 20000-32767")
 
 
 class ProcessError(RuntimeError):

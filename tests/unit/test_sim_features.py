@@ -18,6 +18,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from epp.harness.procs import free_port_range
 from epp.sim import SimCluster, SimConfig, SimServer, cli, config_for
 from epp.sim.config import KVEventsConfig
 from epp.sim.kv_events import encode_batch, encode_event
@@ -174,8 +175,7 @@ async def test_kv_events_connect_mode_array_format_with_lora(http: aiohttp.Clien
 
 
 async def test_replicas_get_their_own_topics_and_bound_ports() -> None:
-    bind = KVEventsConfig.from_dict({"enable_kv_cache_events": True, "endpoint": "tcp://*:0"})
-    base = free_port()
+    base = free_port_range(2)  # replica i binds base + i
     bind = KVEventsConfig.from_dict({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{base}"})
     async with SimCluster(n=2, config=SimConfig(kv_events=bind)) as cluster:
         sources = [s.publisher.source() for s in cluster if s.publisher]
