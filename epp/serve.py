@@ -269,9 +269,7 @@ class EppServer:
         """Take no request before each endpoint's first scrape (bounded): see
         `epp.datalayer.first_scrape`."""
         cfg = self._scrape_config()
-        # + 2 intervals: the scraper thread hands results over at the next snapshot or
-        # its poll, up to one interval after the scrape itself.
-        pending = await await_first_scrape(self.datastore, cfg.timeout + 2 * cfg.interval)
+        pending = await await_first_scrape(self.datastore, cfg.timeout + cfg.interval)
         if pending:
             log.warning(
                 "serving before the first scrape of %d endpoint(s) finished: %s",

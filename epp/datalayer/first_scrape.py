@@ -17,7 +17,10 @@ from epp.datastore import Datastore
 
 
 def never_scraped(datastore: Datastore) -> list[str]:
-    """Endpoints with neither a good scrape nor a failed one yet."""
+    """Endpoints with neither a good scrape nor a failed one yet. Takes a snapshot first:
+    that applies the scraper thread's pending hand-over, so a scrape that finished is
+    seen now, not at the thread's next poll."""
+    datastore.snapshot()
     return [
         e.name
         for e in datastore.endpoints()

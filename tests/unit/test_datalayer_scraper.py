@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -13,6 +12,7 @@ from aiohttp import web
 
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
+from epp.harness.procs import free_port
 
 FAST = {"interval": 0.01, "timeout": 0.5, "models_interval": 0.02}
 
@@ -101,12 +101,6 @@ async def wait_for(cond: Callable[[], object], what: str, timeout: float = 5.0) 
 
 def scrape_tasks() -> list[asyncio.Task[object]]:
     return [t for t in asyncio.all_tasks() if t.get_name().startswith("epp-scrape:")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_datastore_follows_the_server(make_server) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp.harness.procs import free_port_range
+from epp.harness.procs import free_port, free_port_range
 from epp.sim import SimCluster, SimConfig, SimServer, cli, config_for
 from epp.sim.config import KVEventsConfig
 from epp.sim.kv_events import encode_batch, encode_event
@@ -40,12 +39,6 @@ async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, A
         if resp.content_type == "application/json":
             return resp.status, await resp.json()
         return resp.status, await resp.text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- KV events -------------------------------------------------------------------------
