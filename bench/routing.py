@@ -23,6 +23,9 @@ seeded request sequence, sent through:
   saturated": affinity filter on live load, token-load scorer, prefix tie-break);
 - `epp-precise`: Envoy + `epp serve` with config/precise-prefix.yaml's scorers, the
   producer bound on a free port that every simulator publishes its KV events to;
+- `epp-rr` / `epp-random`: Envoy + `epp serve` with no scorers and `round-robin-picker`
+  (config/epp-rr.yaml) / `random-picker`: the EPP hop with cache-blind placement, so
+  `rr` vs `epp-rr` is the hop's cost and `epp-rr` vs `epp-sticky` the placement's;
 - `NAME@K` (e.g. `epp-approx@2`): an EPP setup with K `epp serve` replicas behind the one
   Envoy (active-active, `start_epps_behind_envoy`); each keeps its own approximate index,
   and `epp-precise@K` runs the producer in connect mode: every simulator replica binds its
@@ -90,6 +93,8 @@ SETUPS = [
     "epp-approx",
     "epp-sticky",
     "epp-precise",
+    "epp-rr",
+    "epp-random",
     "vr-cache",
     "vr-p2",
 ]
@@ -100,10 +105,16 @@ LABELS = {
     "epp-approx": "(d) EPP weighted blend (prefix-weighted)",
     "epp-sticky": "(g) EPP sticky until saturated (prefix-aware)",
     "epp-precise": "(e) EPP precise prefix",
+    "epp-rr": "(h) EPP round-robin picker (the hop alone)",
+    "epp-random": "(h) EPP random picker",
     "vr-cache": "(f) vllm-router cache_aware",
     "vr-p2": "(f) vllm-router power_of_two",
 }
-CONFIGS = {"epp-approx": "prefix-weighted.yaml", "epp-sticky": "prefix-aware.yaml"}
+CONFIGS = {
+    "epp-approx": "prefix-weighted.yaml",
+    "epp-sticky": "prefix-aware.yaml",
+    "epp-rr": "epp-rr.yaml",
+}
 MATRIX_SETUPS = "rr,lr,epp-load,epp-approx,epp-sticky,epp-precise"
 
 # Named workloads (`--scenario`, `--matrix`), each with its own defaults; explicit flags
@@ -161,6 +172,15 @@ SCENARIO_RATES = {
     "multi-turn": "30,60,90",
 }
 LOAD_CONFIG = (ROOT / "config" / "load-only.yaml").read_text()
+RANDOM_CONFIG = """apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: random-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: random-picker
+"""
 METRIC_RE = re.compile(
     r"^(vllm:prefix_cache_hits_total|vllm:prefix_cache_queries_total|"
     r"vllm:num_requests_waiting)(?:\{[^}]*\})?\s+([0-9.eE+-]+)",
@@ -542,6 +562,9 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
         urls = start_sims(pg, args, kv_base, kv_bind=True)
         if setup == "epp-load":
             config = ROOT / "config" / "load-only.yaml"
+        elif setup == "epp-random":
+            config = tmp / "random.yaml"
+            config.write_text(RANDOM_CONFIG)
         elif setup in CONFIGS:
             config = ROOT / "config" / CONFIGS[setup]
         else:
@@ -562,6 +585,9 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
         if setup == "epp-load":
             config = tmp / "load.yaml"
             config.write_text(LOAD_CONFIG)
+        elif setup == "epp-random":
+            config = tmp / "random.yaml"
+            config.write_text(RANDOM_CONFIG)
         elif setup in CONFIGS:
             config = ROOT / "config" / CONFIGS[setup]
         else:

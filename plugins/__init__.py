@@ -25,6 +25,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.latency.tier_filter",
     "plugins.pickers.max_score",
     "plugins.pickers.random_picker",
+    "plugins.pickers.round_robin",
     "plugins.pickers.weighted_random",
     "plugins.prefix.approx_producer",
     "plugins.prefix.precise_producer",

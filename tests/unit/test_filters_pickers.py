@@ -151,3 +151,22 @@ def test_weighted_random_picker_all_zero_is_uniform():
 def test_picker_rejects_zero_endpoints():
     with pytest.raises(ConfigError, match="maxNumOfEndpoints: must be at least 1"):
         plugin("max-score-picker", {"maxNumOfEndpoints": 0})
+
+
+def test_round_robin_picker_takes_the_candidates_in_turn_whatever_their_scores():
+    p = plugin("round-robin-picker")
+    cands = scored(("a", 0.0), ("b", 9.0), ("c", 1.0))
+    # 6 picks over 3 candidates: a, b, c, a, b, c — the scores (b highest) change nothing.
+    firsts = [p.pick(CycleState(), completion(), cands).targets[0].name for _ in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    # The turn is one counter: with 2 candidates the 7th pick is 6 mod 2 = index 0.
+    assert p.pick(CycleState(), completion(), cands[:2]).targets[0].name == "a"
+    assert p.pick(CycleState(), completion(), []).targets == []
+
+
+def test_round_robin_picker_fallbacks_follow_the_turn():
+    p = plugin("round-robin-picker", {"maxNumOfEndpoints": 2})
+    cands = scored(("a", 1.0), ("b", 1.0), ("c", 1.0))
+    assert names(p.pick(CycleState(), completion(), cands).targets) == ["a", "b"]
+    assert names(p.pick(CycleState(), completion(), cands).targets) == ["b", "c"]
+    assert names(p.pick(CycleState(), completion(), cands).targets) == ["c", "a"]
