@@ -31,6 +31,17 @@ The load tokens are chosen by `loadSignal`:
   (without it a one-prefix burst piles onto one server). The EPP's own queued requests are
   counted twice, which only makes a queueing server give up stickiness sooner.
 
+With `includeRequest: true` each endpoint's estimate also counts the prompt tokens *this*
+request would prefill there (its uncached part: next to nothing on a cached server, all of
+it on a cold one), so the gate compares the TTFT the request would actually see on either
+side — the cached server's queue against the cold server's prefill of the whole prompt.
+llm-d's released filter reads only the in-flight tokens (`plugin.go` `endpointTTFT`); its
+token-load scorer already adds the request's `UncachedRequestTokens`, and a proposed change
+to the filter ("include the current request's endpoint-specific uncached prompt work in
+throughput-based TTFT estimates") adds the same term here. Without it, with 8,500-token
+prompts the gate opened to an empty server as soon as the cached one had 250 ms of work,
+though the empty one would spend 530 ms prefilling (issue 16, long-context).
+
 No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
 TTFT estimate is llm-d's: 15,928 tok/s is Qwen 32B on 2×H100 (TP 2) with vLLM 0.19, so
@@ -51,7 +62,7 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
-from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_prompt_tokens
 
 _QUEUED_DEFAULT = 1024  # a typical chat prompt; only `live` reads it
 
@@ -83,6 +94,10 @@ class PrefixAffinityParams:
         min=0,
         doc="tokens each in-flight or scraped waiting request adds to the live load",
     )
+    include_request: bool = param(
+        False,
+        doc="add this request's uncached prompt tokens on each endpoint to its TTFT estimate",
+    )
     ttft_source: str = param(
         "prefillThroughput",
         choices=("prefillThroughput",),
@@ -108,6 +123,7 @@ class PrefixCacheAffinityFilter(Plugin):
         self.peak = params.peak_prefill_throughput
         self.live = params.load_signal == "live"
         self.queued_tokens = params.queued_request_tokens
+        self.include_request = params.include_request
         self.rng = handle.rng
 
     def load_tokens(self, endpoint: EndpointSnapshot) -> int:
@@ -136,8 +152,22 @@ class PrefixCacheAffinityFilter(Plugin):
         if self.exploration > 0 and self.rng.random() < self.exploration:
             return endpoints
         if self.max_penalty_ms > 0 and other:
-            best_sticky = min(map(self.ttft_ms, sticky))
-            best_other = min(map(self.ttft_ms, other))
+            prompt = request.prompt_tokens_estimate if self.include_request else 0
+            best_sticky = self.best_ttft_ms(info, prompt, sticky)
+            best_other = self.best_ttft_ms(info, prompt, other)
             if best_sticky - best_other > self.max_penalty_ms:
                 return endpoints
         return sticky
+
+    def best_ttft_ms(
+        self, info: PrefixMatchInfo, prompt: int, endpoints: list[EndpointSnapshot]
+    ) -> float:
+        """The lowest estimated TTFT among `endpoints`, each counting this request's own
+        uncached prompt tokens there when `prompt` > 0 (`includeRequest`)."""
+        if not prompt:
+            return min(map(self.ttft_ms, endpoints))
+        own = uncached_prompt_tokens(info, prompt, [e.name for e in endpoints])
+        return min(
+            (self.load_tokens(e) + u) / self.peak * 1000.0
+            for e, u in zip(endpoints, own, strict=True)
+        )

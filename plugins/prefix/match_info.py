@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from epp.scheduling.types import PREFIX_MATCH_KEY  # declared by the framework, which reads it
 
-__all__ = ["PREFIX_MATCH_KEY", "PrefixMatchInfo"]
+__all__ = ["PREFIX_MATCH_KEY", "PrefixMatchInfo", "uncached_prompt_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +55,16 @@ class PrefixMatchInfo:
         if self.prompt_tokens > 0:
             blocks = min(blocks, (self.prompt_tokens - 1) // self.block_size_tokens)
         return blocks * self.block_size_tokens
+
+
+def uncached_prompt_tokens(
+    info: PrefixMatchInfo, prompt_tokens: int, names: Sequence[str]
+) -> list[int]:
+    """Per endpoint, the prompt tokens it would have to prefill for this request: the
+    prompt less what it caches (`cached_tokens`). llm-d's in-flight-load producer computes
+    the same per endpoint (`UncachedRequestTokens`, formerly `CurrentRequestLoad`), which
+    its `token-load-scorer` adds to each endpoint's in-flight tokens. Only endpoints with a
+    match are looked up, so 1,000 candidates cost one dict lookup each."""
+    cached = {name: info.cached_tokens(name) for name in info.cached_blocks}
+    get = cached.get
+    return [max(0, prompt_tokens - get(name, 0)) for name in names]

@@ -1,8 +1,19 @@
-"""`token-load-scorer`: fewer in-flight tokens (prompt + expected output) scores higher.
+"""`token-load-scorer`: fewer tokens of work ahead (in flight + this request's own
+uncached prompt) scores higher.
 
-Score = 1 − min(1, tokens / queueThresholdTokens); the default threshold 4,194,304 is
-upstream's (128 requests × 32K tokens). In-flight tokens are counted by the EPP at pick
-time, so a burst is seen before any scrape reports it.
+Score = 1 − min(1, (in-flight tokens + uncached prompt tokens of this request on the
+endpoint) / queueThresholdTokens); the default threshold 4,194,304 is upstream's (128
+requests × 32K tokens). In-flight tokens (uncached prompt until the first token, expected
+output until the end) are counted by the EPP at pick time, so a burst is seen before any
+scrape reports it.
+
+The request's own term is llm-d-router's (`scorer/tokenload/token_load.go` adds the
+in-flight-load producer's `CurrentRequestLoad` — now `UncachedRequestTokens` — to each
+endpoint's `InFlightLoad`): an endpoint that caches the prompt owes less for it, so with
+8,500-token prompts a cached server with a few requests in flight still scores above a cold
+idle one, until its queue outweighs the prefill the cold one would pay. It is added only
+when a prefix producer ran: without one the prompt costs every endpoint the same, which
+changes no ranking.
 """
 
 from __future__ import annotations
@@ -15,12 +26,16 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_prompt_tokens
 
 
 @dataclass(frozen=True)
 class TokenLoadParams:
     queue_threshold_tokens: int = param(
-        4_194_304, min=1, doc="in-flight tokens at which an endpoint scores 0"
+        4_194_304, min=1, doc="tokens of work ahead at which an endpoint scores 0"
+    )
+    per_request_tokens: int = param(
+        0, min=0, doc="tokens each request in flight adds to its endpoint's load (0: upstream's)"
     )
 
 
@@ -31,9 +46,17 @@ class TokenLoadScorer(Plugin):
     def __init__(self, name: str, params: TokenLoadParams, handle: Handle) -> None:
         super().__init__(name)
         self.threshold = params.queue_threshold_tokens
+        self.per_request = params.per_request_tokens
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> list[float]:
-        t = self.threshold
-        return [1.0 - min(1.0, e.inflight_tokens / t) for e in endpoints]
+        t, k = self.threshold, self.per_request
+        loads = [e.inflight_tokens + k * e.inflight_requests for e in endpoints]
+        info: PrefixMatchInfo | None = state.read(PREFIX_MATCH_KEY)
+        if info is not None:
+            own = uncached_prompt_tokens(
+                info, request.prompt_tokens_estimate, [e.name for e in endpoints]
+            )
+            loads = [x + u for x, u in zip(loads, own, strict=True)]
+        return [1.0 - min(1.0, x / t) for x in loads]

@@ -217,3 +217,69 @@ def test_exact_ties_do_not_fall_to_the_same_endpoint():
         picks[decision.destinations[0]] += 1
         d.release(decision)
     assert len(picks) == 4 and min(picks.values()) >= 60, picks
+
+
+# ---- the request's own uncached prompt, and the per-request load -----------------------
+
+PROMPT = "abc " * 1000  # 4,000 characters = 1,000 tokens (characters / 4)
+
+
+def cached(**tokens: int) -> CycleState:
+    """A cycle where each named endpoint caches `tokens[name]` leading prompt tokens
+    (multiples of 16: whole blocks); the prompt is 63 blocks (1,000 tokens)."""
+    state = CycleState()
+    blocks = {n: t // 16 for n, t in tokens.items()}
+    info = PrefixMatchInfo(
+        total_blocks=63, block_size_tokens=16, matched=dict(blocks), cached_blocks=blocks
+    )
+    state.write(PREFIX_MATCH_KEY, info)
+    return state
+
+
+def test_token_load_adds_what_this_request_would_prefill_there():
+    scorer = plugin("token-load-scorer", {"queueThresholdTokens": 10_000})
+    # a caches 800 of the 1,000 tokens and has 500 in flight: 500 + 200 = 700.
+    # b caches nothing and is idle: 0 + 1,000 = 1,000. a scores higher though busier.
+    a, b = snap("a", inflight_tokens=500), snap("b")
+    scores = scorer.score(cached(a=800), completion(PROMPT), [a, b])
+    assert scores == [pytest.approx(1 - 700 / 10_000), pytest.approx(1 - 1000 / 10_000)]
+    # Without a prefix producer the prompt costs everyone the same: only in-flight counts.
+    assert scorer.score(CycleState(), completion(PROMPT), [a, b]) == [0.95, 1.0]
+
+
+def test_token_load_per_request_tokens_weigh_every_request_in_flight():
+    scorer = plugin("token-load-scorer", {"queueThresholdTokens": 10_000, "perRequestTokens": 1024})
+    # a: 300 tokens in 3 requests = 300 + 3 × 1,024 = 3,372; b: 2,000 tokens in 1 = 3,024.
+    a = dataclasses.replace(snap("a", inflight_tokens=300), inflight_requests=3)
+    b = dataclasses.replace(snap("b", inflight_tokens=2000), inflight_requests=1)
+    assert scorer.score(CycleState(), completion(), [a, b]) == [
+        pytest.approx(1 - 3372 / 10_000),
+        pytest.approx(1 - 3024 / 10_000),
+    ]
+
+
+def gate(include: bool):
+    params = {**LIVE, "maxTTFTPenaltyMs": 300, "includeRequest": include}
+    return plugin("prefix-cache-affinity-filter", params)
+
+
+def test_gate_counts_the_prefill_a_cold_endpoint_would_pay():
+    # a caches 992 of the 1,000 tokens (62 blocks) and owes 600 tokens of live load (one
+    # request: 100 + 500 per request); b is cold and idle. 1 token = 1 ms here.
+    eps = [busy("a", decode=100, requests=1), busy("b")]
+    # In-flight only (llm-d's released rule): 600 − 0 = 600 > 300 → everyone kept.
+    assert names(gate(False).filter(cached(a=992), completion(PROMPT), eps)) == ["a", "b"]
+    # With the request: a = 600 + 8 uncached = 608, b = 0 + 1,000 = 1,000: a is the faster
+    # first token by 392 ms, so it stays sticky.
+    assert names(gate(True).filter(cached(a=992), completion(PROMPT), eps)) == ["a"]
+    # a with 4 such requests: 100 + 4 × 500 + 8 = 2,108 vs 1,000: 1,108 > 300 → opens.
+    eps = [busy("a", decode=100, requests=4), busy("b")]
+    assert names(gate(True).filter(cached(a=992), completion(PROMPT), eps)) == ["a", "b"]
+
+
+def test_gate_with_the_request_on_a_short_prompt_is_the_load_gate():
+    # A 16-token prompt saves at most 16 ms by sticking: the gate is what it was. a holds
+    # it (1 block) and owes 400; b owes nothing and would prefill 16: 400 − 16 = 384 > 300.
+    eps = [busy("a", decode=400, requests=0), busy("b")]
+    short = completion("abcd" * 16)  # 64 characters = 16 tokens
+    assert names(gate(True).filter(matched(total=1, a=1), short, eps)) == ["a", "b"]
