@@ -281,6 +281,7 @@ class Result:
     ok: bool
     ttft: float | None = None
     tokens: int = 0
+    at: float = 0.0  # real arrival, s after the start (which half of its stage)
 
 
 @dataclass
@@ -295,7 +296,7 @@ async def one(
     http: aiohttp.ClientSession, url: str, model: str, req: Req, out: int, t0: float, run: Run
 ) -> Result:
     body = {"model": model, "prompt": req.prompt, "max_tokens": out, "stream": True}
-    res = Result(req.stage, ok=False)
+    res = Result(req.stage, ok=False, at=req.at)
     start = time.perf_counter()
     try:
         async with http.post(url + "/v1/completions", json=body) as r:
@@ -427,6 +428,10 @@ def summarize(run: Run, args: argparse.Namespace) -> list[dict]:
                 "hit_rate": hit,
                 "waiting": sum(waits) / len(waits) if waits else None,
                 "errors": len(res) - len(ok),
+                "output_tokens": args.output_tokens,
+                **matrix_module().halves(
+                    [(r.at, r.ttft * s) for r in ok if r.ttft is not None], (a + b) / 2
+                ),
             }
         )
     return rows
@@ -856,6 +861,8 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
             Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
     if args.matrix:
         print(matrix_module().ratio_table(rows))
+        print()
+        print(matrix_module().knee_table(rows))
     for setup, why in skipped.items():
         print(f"\nskipped {setup}: {why}")
     if args.json:
@@ -872,6 +879,8 @@ def matrix_module():
     """bench/routing_matrix.py (ratios and the matrix plot), loaded by path like this file."""
     import importlib.util
 
+    if "epp_bench_routing_matrix" in sys.modules:  # once: summarize() asks per run
+        return sys.modules["epp_bench_routing_matrix"]
     path = Path(__file__).with_name("routing_matrix.py")
     spec = importlib.util.spec_from_file_location("epp_bench_routing_matrix", path)
     assert spec is not None and spec.loader is not None

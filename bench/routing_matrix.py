@@ -9,6 +9,96 @@ from __future__ import annotations
 BLIND = ("rr", "lr", "epp-load")
 NEW = "epp-sticky"
 
+# "Sustainable" (issue 16's "round-robin's highest sustainable rate", made a rule): a stage
+# is sustained when the setup (1) served what was offered: output tokens/s >= SERVED x
+# offered requests/s x output tokens per request, with errors <= ERRORS of its requests,
+# and (2) did not build a queue during it: the TTFT p90 of the requests arriving in the
+# stage's second half is not above GROWTH x that of its first half, unless the rise is
+# under FLOOR_S (model time; a 20 -> 31 ms wobble of ~25 requests is not a queue). A
+# setup's knee is its highest rate whose stage and every lower one are sustained.
+SERVED, ERRORS, GROWTH, FLOOR_S = 0.95, 0.01, 1.5, 0.05
+# The prefix win (the issue's bar): >= WIN_TOKS x round-robin's output tokens/s, each at
+# its own knee, or TTFT p90 <= 1 / WIN_TTFT of round-robin's at round-robin's knee.
+WIN_TOKS, WIN_TTFT = 2.0, 10.0
+
+
+def halves(arrivals_ttfts: list[tuple[float, float]], mid: float) -> dict[str, float | None]:
+    """TTFT p90 of the requests that arrived before and after `mid` (the stage's middle)."""
+
+    def p90(values: list[float]) -> float | None:
+        values = sorted(values)
+        return values[min(len(values) - 1, int(0.9 * len(values)))] if values else None
+
+    first = [t for at, t in arrivals_ttfts if at < mid]
+    second = [t for at, t in arrivals_ttfts if at >= mid]
+    return {"ttft_p90_first": p90(first), "ttft_p90_second": p90(second)}
+
+
+def sustained(row: dict) -> tuple[bool, str]:
+    """Whether one stage was sustained (see SERVED, GROWTH), and why not."""
+    want = row["offered"] * row.get("output_tokens", 0)
+    if want > 0 and row["tok_s"] < SERVED * want:
+        return False, f"served {row['tok_s'] / want:.0%} of the offered tokens"
+    if row["requests"] and row["errors"] > ERRORS * row["requests"]:
+        return False, f"{row['errors']} errors"
+    h1, h2 = row.get("ttft_p90_first"), row.get("ttft_p90_second")
+    if h1 and h2 and h2 > GROWTH * h1 and h2 - h1 > FLOOR_S:
+        return False, f"TTFT p90 grew {h2 / h1:.1f}x within the stage"
+    return True, "ok"
+
+
+def knee(rows: list[dict], scenario: str, setup: str) -> tuple[float | None, bool]:
+    """The setup's highest sustained rate in the scenario (None: not even the lowest), and
+    whether that is its highest stage (then the knee is at least that rate)."""
+    mine = sorted(
+        (r for r in rows if r["scenario"] == scenario and r["setup"] == setup),
+        key=lambda r: r["rate"],
+    )
+    best = None
+    for r in mine:
+        if not sustained(r)[0]:
+            return best, False
+        best = r["rate"]
+    return best, True
+
+
+def prefix_win(rows: list[dict], scenario: str) -> str:
+    """The new default against round-robin: knees, the throughput ratio at each one's knee
+    and the TTFT p90 ratio at round-robin's knee, and whether it is a win."""
+    k = by_key(rows)
+    rr_knee, rr_top = knee(rows, scenario, "rr")
+    new_knee, new_top = knee(rows, scenario, NEW)
+    if rr_knee is None:
+        return "round-robin sustains none of the rates: lower them"
+    if new_knee is None:
+        return f"rr knee {rr_knee:g}; {NEW} sustains none"
+    rr_at, new_at = k[(scenario, rr_knee, "rr")], k.get((scenario, new_knee, NEW))
+    toks = ratio(new_at["tok_s"] if new_at else None, rr_at["tok_s"])
+    same = k.get((scenario, rr_knee, NEW))
+    ttft = ratio(same["ttft_p90"] if same else None, rr_at["ttft_p90"])
+    win = (toks is not None and toks >= WIN_TOKS) or (ttft is not None and ttft <= 1 / WIN_TTFT)
+    ge = "≥ " if new_top else ""
+    note = "; rr sustains every rate: raise them to find its knee" if rr_top else ""
+    return (
+        f"rr knee {rr_knee:g}, {NEW} knee {ge}{new_knee:g} req/s; tok/s at the knees "
+        f"{ge}{toks:.2f}x, TTFT p90 at rr's knee {ttft:.2f}x → "
+        f"{'WIN' if win else 'no win'}{note}"
+    )
+
+
+def knee_table(rows: list[dict]) -> str:
+    """Per scenario: round-robin's highest sustainable rate and the prefix-win verdict."""
+    out = [
+        f"Knees (sustained: tok/s >= {SERVED:.0%} of offered, errors <= {ERRORS:.0%}, TTFT "
+        f"p90 2nd half <= {GROWTH:g}x 1st or +{FLOOR_S * 1000:.0f} ms) and the prefix win "
+        f"(>= {WIN_TOKS:g}x tok/s at the knee or <= 1/{WIN_TTFT:g} TTFT p90 at rr's knee)\n",
+        "| scenario | verdict |",
+        "|---|---|",
+    ]
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        out.append(f"| {scenario} | {prefix_win(rows, scenario)} |")
+    return "\n".join(out)
+
 
 def by_key(rows: list[dict]) -> dict[tuple[str, float, str], dict]:
     return {(r["scenario"], r["rate"], r["setup"]): r for r in rows}

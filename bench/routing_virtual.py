@@ -276,6 +276,8 @@ def summarize(setup: str, out: list[Outcome], args: argparse.Namespace) -> list[
                 "hit_rate": sum(o.cached for o in res) / isl if isl else None,
                 "waiting": None,
                 "errors": 0,
+                "output_tokens": args.output_tokens,
+                **rm.matrix_module().halves([(o.arrival, o.ttft) for o in res], (a + b) / 2),
             }
         )
     return rows
@@ -319,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             print(flush=True)
     if len(scenarios) > 1 or args.matrix:
         print(rm.matrix_module().ratio_table(all_rows))
+        print()
+        print(rm.matrix_module().knee_table(all_rows))
     if args.json:
         import json
 
