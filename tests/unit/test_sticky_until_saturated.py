@@ -181,20 +181,26 @@ def test_shipped_config_is_the_filter_then_token_load_then_prefix():
     assert [f.type_name for f in profile.filters] == ["prefix-cache-affinity-filter"]
     assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
         ("token-load-scorer", 1.0),
-        ("prefix-scorer", 0.0001),
+        ("prefix-scorer", 1e-7),
     ]
+    filt = profile.filters[0]
+    assert filt.include_request and filt.live and filt.max_penalty_ms == 250
+    assert profile.scorers[0].scorer.per_request == 128
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_burst_with_one_prefix_spreads_evenly(seed: int):
     ds, d = director(4, seed)
-    prompt = "shared system prompt " * 400 + "question"  # ~2,000 tokens (characters / 4)
-    # 200 requests, none finishing. The first on a server holds its whole prompt (~2,000
-    # tokens, uncached) + 16 output + 1,024 for the request ≈ 3,040; every later one there
-    # is cached and holds ~16 + 1,024. The gate (250 ms at 15,928 tok/s = 3,982 tokens)
-    # opens once the sticky server is that far ahead of the best other: after 2 requests
-    # (3,040 + 1,040 = 4,080). Every server that takes one becomes sticky too, and
-    # token-load then fills the least loaded: 50 each, ±1 for the random order of ties.
+    prompt = "shared system prompt " * 400 + "question"  # 8,408 characters: 2,102 tokens
+    # 200 requests, none finishing. The first on a server holds its whole prompt (2,102
+    # tokens, uncached) + 16 output; every later one there is cached (131 blocks of 64
+    # characters = 2,096 tokens) and holds its 6-token tail + 16. The gate (250 ms at
+    # 15,928 tok/s = 3,982 tokens) compares a's live load + 1,024 per request + 6 with a
+    # cold server's 2,102: the 5th request finds 2,118 + 3 × 22 + 4 × 1,024 + 6 = 6,286,
+    # 4,184 more than 2,102, and opens it. token-load then weighs a (2,184 + 4 × 128 + 6 =
+    # 2,702) against a cold server (2,102): the cold one. Every server that takes one
+    # becomes sticky too, and token-load fills the least loaded: 50 each, ±1 for the random
+    # order of ties.
     picks = Counter(
         d.route(completion(prompt, max_tokens=16), None).destinations[0] for _ in range(200)
     )
