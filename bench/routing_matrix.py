@@ -66,6 +66,9 @@ def prefix_win(rows: list[dict], scenario: str) -> str:
     """The new default against round-robin: knees, the throughput ratio at each one's knee
     and the TTFT p90 ratio at round-robin's knee, and whether it is a win."""
     k = by_key(rows)
+    present = {r["setup"] for r in rows if r["scenario"] == scenario}
+    if not {"rr", NEW} <= present:
+        return f"needs rr and {NEW} rows"
     rr_knee, rr_top = knee(rows, scenario, "rr")
     new_knee, new_top = knee(rows, scenario, NEW)
     if rr_knee is None:
