@@ -48,6 +48,7 @@ too, which makes it small.
     .venv/bin/epp bench routing --setups rr,epp-precise --rates 20,60 --stage-s 10
     .venv/bin/epp bench routing --matrix all --stage-s 8 --warmup-s 4 --plot m.png
     .venv/bin/epp bench routing --real-vllm          # real vLLM servers instead (routing_real.py)
+    .venv/bin/epp bench routing --virtual --matrix all   # placement only, virtual time
 
 Per run, the simulators' and the EPP's CPU (cores, from /proc over the run) are recorded
 too (`--scrape-interval`, `--scrape-max-interval` set the EPP's scraping).
@@ -845,6 +846,8 @@ def describe(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
     if argv is not None and "--real-vllm" in argv:  # real servers: bench/routing_real.py
         return load_sibling("routing_real").main([a for a in argv if a != "--real-vllm"])
+    if argv is not None and "--virtual" in argv:  # placement only: bench/routing_virtual.py
+        return load_sibling("routing_virtual").main([a for a in argv if a != "--virtual"])
     args = args or parse_args(argv)
     scenarios = args.matrix or [args.scenario]
     rows: list[dict] = []

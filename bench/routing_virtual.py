@@ -216,7 +216,11 @@ def settle(pool: Pool, t: float, done: list[Outcome], stages: dict[int, int]) ->
 
 
 def run(setup: str, args: argparse.Namespace, reqs: list, seed: int) -> list[Outcome]:
-    pool = build_pool(setup, args, seed)
+    return simulate(build_pool(setup, args, seed), args, reqs)
+
+
+def simulate(pool: Pool, args: argparse.Namespace, reqs: list) -> list[Outcome]:
+    """Every request of `reqs` through `pool` until the last one ends."""
     num_blocks = pool.engines[0].config.num_gpu_blocks
     prefixes = Prefixes()
     done: list[Outcome] = []
