@@ -42,6 +42,13 @@ throughput-based TTFT estimates") adds the same term here. Without it, with 8,50
 prompts the gate opened to an empty server as soon as the cached one had 250 ms of work,
 though the empty one would spend 530 ms prefilling (issue 16, long-context).
 
+With `penaltyWithinCache: true` the penalty is also capped by what stickiness is worth:
+the prefill time of the sticky endpoints' cached prefix (cached tokens /
+peakPrefillThroughput). On short prompts (150 tokens, 9 ms of prefill) the gate then
+opens as soon as a cached server is a few requests busier than a cold one, instead of
+queueing up to 250 ms behind a KV cache that holds 7 sequences (issue 16, decode-bound);
+an 8,000-token document keeps the full penalty.
+
 No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
 TTFT estimate is llm-d's: 15,928 tok/s is Qwen 32B on 2×H100 (TP 2) with vLLM 0.19, so
@@ -98,6 +105,10 @@ class PrefixAffinityParams:
         False,
         doc="add this request's uncached prompt tokens on each endpoint to its TTFT estimate",
     )
+    penalty_within_cache: bool = param(
+        False,
+        doc="cap maxTTFTPenaltyMs at the best sticky endpoint's cached prefill time",
+    )
     ttft_source: str = param(
         "prefillThroughput",
         choices=("prefillThroughput",),
@@ -124,6 +135,7 @@ class PrefixCacheAffinityFilter(Plugin):
         self.live = params.load_signal == "live"
         self.queued_tokens = params.queued_request_tokens
         self.include_request = params.include_request
+        self.penalty_within_cache = params.penalty_within_cache
         self.rng = handle.rng
 
     def load_tokens(self, endpoint: EndpointSnapshot) -> int:
@@ -155,9 +167,19 @@ class PrefixCacheAffinityFilter(Plugin):
             prompt = request.prompt_tokens_estimate if self.include_request else 0
             best_sticky = self.best_ttft_ms(info, prompt, sticky)
             best_other = self.best_ttft_ms(info, prompt, other)
-            if best_sticky - best_other > self.max_penalty_ms:
+            if best_sticky - best_other > self.penalty_ms(info, sticky):
                 return endpoints
         return sticky
+
+    def penalty_ms(self, info: PrefixMatchInfo, sticky: list[EndpointSnapshot]) -> float:
+        """The TTFT a request may lose by sticking: `maxTTFTPenaltyMs`, or with
+        `penaltyWithinCache` at most what the cache saves, the prefill time of the longest
+        cached prefix among the sticky endpoints: a 150-token prompt is not worth
+        queueing 250 ms for, an 8,000-token document is."""
+        if not self.penalty_within_cache:
+            return self.max_penalty_ms
+        cached = max(info.cached_tokens(e.name) for e in sticky)
+        return min(self.max_penalty_ms, cached / self.peak * 1000.0)
 
     def best_ttft_ms(
         self, info: PrefixMatchInfo, prompt: int, endpoints: list[EndpointSnapshot]

@@ -184,7 +184,8 @@ def test_shipped_config_is_the_filter_then_token_load_then_prefix():
         ("prefix-scorer", 1e-7),
     ]
     filt = profile.filters[0]
-    assert filt.include_request and filt.live and filt.max_penalty_ms == 250
+    assert filt.include_request and filt.penalty_within_cache and filt.live
+    assert filt.max_penalty_ms == 250
     assert profile.scorers[0].scorer.per_request == 128
 
 
@@ -289,3 +290,29 @@ def test_gate_with_the_request_on_a_short_prompt_is_the_load_gate():
     eps = [busy("a", decode=400, requests=0), busy("b")]
     short = completion("abcd" * 16)  # 64 characters = 16 tokens
     assert names(gate(True).filter(matched(total=1, a=1), short, eps)) == ["a", "b"]
+
+
+def test_penalty_within_cache_caps_what_a_short_prompt_may_queue_for():
+    # A 48-token prompt (192 characters, 3 blocks), all cached on a: sticking saves 48 ms
+    # of prefill, so with penaltyWithinCache the gate tolerates at most 48 ms, not 300.
+    state = CycleState()
+    info = PrefixMatchInfo(
+        total_blocks=3, block_size_tokens=16, matched={"a": 3}, cached_blocks={"a": 3}
+    )
+    state.write(PREFIX_MATCH_KEY, info)
+    short = completion("abcd" * 48)
+    capped = plugin(
+        "prefix-cache-affinity-filter",
+        {**LIVE, "maxTTFTPenaltyMs": 300, "includeRequest": True, "penaltyWithinCache": True},
+    )
+    # a owes 50 (+ 0 uncached), b nothing (+ 48 to prefill): 2 ms ≤ 48 → sticky.
+    assert names(capped.filter(state, short, [busy("a", decode=50), busy("b")])) == ["a"]
+    # a owes 120: 120 − 48 = 72 ms > 48 → everyone; the flat 300 ms penalty would stick.
+    eps = [busy("a", decode=120), busy("b")]
+    assert names(capped.filter(state, short, eps)) == ["a", "b"]
+    assert names(gate(True).filter(state, short, eps)) == ["a"]
+    # A long cached prefix keeps the full penalty: 992 cached tokens cap at 300, not 992.
+    eps = [busy("a", decode=100, requests=1), busy("b")]  # 600 + 8 vs 1,000: sticky
+    assert names(capped.filter(cached(a=992), completion(PROMPT), eps)) == ["a"]
+    eps = [busy("a", decode=100, requests=3), busy("b")]  # 1,600 + 8 − 1,000 = 608 > 300
+    assert names(capped.filter(cached(a=992), completion(PROMPT), eps)) == ["a", "b"]
