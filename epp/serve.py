@@ -81,6 +81,9 @@ from epp.status.routes import add_status_routes
 log = logging.getLogger("epp")
 
 
+DEFAULT_MAX_SCRAPE_INTERVAL = 1.0  # adaptive scraping's ceiling unless a flag says otherwise
+
+
 @dataclass
 class ServeOptions:
     host: str = "0.0.0.0"
@@ -90,14 +93,15 @@ class ServeOptions:
     limits: StreamLimits = field(default_factory=StreamLimits)
     # On SIGTERM: health NOT_SERVING, new streams refused, open ones get this long.
     drain_timeout: float = 30.0
-    # Upstream's 50 ms, fixed. The routing matrix (docs/BENCHMARKS.md "Routing workload
-    # matrix") ran at 0.25 s adaptive to 1 s, which costs the servers far less, but the
-    # configs that score scraped queues (this default, prefix-weighted, load-only,
-    # precise) herd with it; config/prefix-aware.yaml does not (its load is the EPP's own
-    # in-flight count), and is the one to pair with slower scraping.
+    # Upstream's 50 ms while an endpoint's metrics change, backing off to 1 s while they
+    # do not (epp/datalayer/scraper.py): an idle pool costs what a fixed 1 s does (-65 %
+    # of the servers' scrape CPU, docs/BENCHMARKS.md "Scrape interval"), while a server
+    # under changing load is still read every 50 ms, which the configs that score
+    # scraped queues (load-only, prefix-weighted, precise) need. The default config
+    # (sticky until saturated) takes its fast signal from the EPP's own in-flight counts.
+    # 0 = upstream's fixed interval (`--refresh-metrics-max-interval 0`).
     refresh_metrics_interval: float = 0.05
-    # > refresh_metrics_interval: adaptive scraping up to this (epp/datalayer/scraper.py).
-    refresh_metrics_max_interval: float = 0.0
+    refresh_metrics_max_interval: float = DEFAULT_MAX_SCRAPE_INTERVAL
     metrics_staleness_threshold: float = 2.0
     scrape_timeout: float = 1.0
     pool_name: str = "default"
@@ -494,18 +498,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         metavar="SECONDS",
-        help="how often each endpoint's /metrics is scraped (0.05, upstream's; with "
-        "config/prefix-aware.yaml 0.25 and --refresh-metrics-max-interval 1 cost the "
-        "servers less and route as well, docs/BENCHMARKS.md)",
+        help="how often each endpoint's /metrics is scraped while its metrics change "
+        "(0.05, upstream's; see --refresh-metrics-max-interval for idle endpoints)",
     )
     p.add_argument(
         "--refresh-metrics-max-interval",
         type=float,
-        default=0.0,
+        default=None,
         metavar="SECONDS",
         help="adaptive scraping: an endpoint whose metrics did not change is scraped half as "
         "often each time, up to this, and at --refresh-metrics-interval again after any "
-        "change; must be below --metrics-staleness-threshold (0 = a fixed interval, default)",
+        "change; must be below --metrics-staleness-threshold (default 1, or half the "
+        "staleness threshold if that is lower; 0 = a fixed interval, upstream's)",
     )
     p.add_argument(
         "--metrics-staleness-threshold",
@@ -563,6 +567,9 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
     )
     limits = _limits_from_args(args)
     hi = args.refresh_metrics_max_interval
+    if hi is None:  # the default: 1 s, kept under the staleness threshold
+        hi = min(DEFAULT_MAX_SCRAPE_INTERVAL, args.metrics_staleness_threshold / 2)
+        hi = hi if hi > args.refresh_metrics_interval else 0.0
     if hi and not args.refresh_metrics_interval <= hi < args.metrics_staleness_threshold:
         raise ConfigError(
             "",

@@ -137,3 +137,22 @@ def test_serve_refuses_a_max_interval_outside_interval_and_staleness(flags):
 
     with pytest.raises(ConfigError, match="--refresh-metrics-max-interval must be 0 or between"):
         options_from_args(serve_args(*flags))
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ((), (0.05, 1.0)),  # the default: 50 ms while metrics change, up to 1 s idle
+        (("--refresh-metrics-max-interval", "0"), (0.05, 0.0)),  # upstream's fixed 50 ms
+        # A 1 s staleness threshold: the ceiling is half of it, 0.5 s, so an idle endpoint
+        # is read twice per threshold and never goes stale.
+        (("--metrics-staleness-threshold", "1"), (0.05, 0.5)),
+        # An interval already at or above the 1 s ceiling: fixed, as given.
+        (("--refresh-metrics-interval", "1.5"), (1.5, 0.0)),
+    ],
+)
+def test_serve_scrapes_adaptively_by_default(flags, expected):
+    from epp.serve import options_from_args
+
+    opts, _ = options_from_args(serve_args(*flags))
+    assert (opts.refresh_metrics_interval, opts.refresh_metrics_max_interval) == expected
