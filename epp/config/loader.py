@@ -62,31 +62,51 @@ FEATURE_GATES = {
     "flowControl": None,  # turns flow control on (epp/flowcontrol/config.py)
 }
 
-# The built-in profile when no --config is given, identical to config/default.yaml: queue,
-# KV-cache and prefix scorers with the upstream default weights (GIE
-# `pkg/epp/config/loader/defaults.go`: queue 2, kv 2, prefix 3) and the max-score picker.
+# The built-in profile when no --config is given, identical to config/default.yaml (and in
+# its plugins to config/prefix-aware.yaml): "sticky until saturated", llm-d's token-aware
+# default. Upstream GIE's weighted blend (queue 2, kv 2, prefix 3) is
+# config/prefix-weighted.yaml.
 DEFAULT_CONFIG = """\
-# The EPP's default scheduling: prefer short queues, free KV cache and endpoints that
-# probably hold the prompt's prefix. Weights are upstream's (Gateway API Inference
-# Extension `pkg/epp/config/loader/defaults.go`: queue 2, KV cache 2, prefix 3); the
-# prefix scorer's producer (approx-prefix-cache-producer) is created with its defaults.
-# Same as running `epp serve` without --config.
+# The EPP's default scheduling, the same as running `epp serve` without --config:
+# "sticky until saturated" (config/prefix-aware.yaml, where each parameter is explained):
+# the prefix-cache affinity filter keeps the endpoints that already hold the prompt while
+# their first token would come no more than maxTTFTPenaltyMs later than a cold server's,
+# the token-load scorer spreads by the tokens the EPP has in flight (a burst is balanced
+# before any scrape reports it) plus what this request would prefill there. The default of
+# upstream (GIE `pkg/epp/config/loader/defaults.go`: queue 2, KV cache 2, prefix 3) is
+# config/prefix-weighted.yaml; docs/BENCHMARKS.md "Routing workload matrix" compares them.
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
+- type: approx-prefix-cache-producer
+  parameters:
+    blockSizeTokens: 16           # vLLM's default block size; autoTune reads the real one
+    maxPrefixBlocksToMatch: 256   # 256 × 16 tokens ≈ the first 4K tokens
+    maxPrefixTokensToMatch: 0     # > 0 overrides the cap above (in tokens)
+    lruCapacityPerServer: 31250   # blocks per endpoint when num_gpu_blocks is unknown
+    autoTune: true                # block_size / num_gpu_blocks from vllm:cache_config_info
+- type: prefix-cache-affinity-filter
+  parameters:
+    affinityThreshold: 0.8
+    loadSignal: live
+    queuedRequestTokens: 1024
+    peakPrefillThroughput: 15928
+    maxTTFTPenaltyMs: 250
+    includeRequest: true
+    penaltyWithinCache: true
+- type: token-load-scorer
+  parameters:
+    perRequestTokens: 128
 - type: prefix-cache-scorer
 - type: max-score-picker
 schedulingProfiles:
 - name: default
   plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
+  - pluginRef: prefix-cache-affinity-filter
+  - pluginRef: token-load-scorer
+    weight: 1
   - pluginRef: prefix-cache-scorer
-    weight: 3
+    weight: 0.0000001
   - pluginRef: max-score-picker
 """
 

@@ -90,7 +90,8 @@ async def test_metrics_have_upstream_names_types_and_labels():
     plugin_types = {
         s["plugin_type"] for s in families["inference_extension_plugin_duration_seconds"][1]
     }
-    assert {"queue-depth-scorer", "kv-cache-utilization-scorer", "max-score-picker"} <= plugin_types
+    # The default config (sticky until saturated): its filter, scorers and picker.
+    assert {"prefix-cache-affinity-filter", "token-load-scorer", "max-score-picker"} <= plugin_types
 
 
 async def test_client_model_names_never_grow_the_metrics_page():

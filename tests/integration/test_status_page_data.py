@@ -70,15 +70,14 @@ async def test_status_json_has_pool_decisions_and_per_scorer_scores():
     assert all(e["healthy"] and e["last_score"] is not None for e in s["endpoints"])
     assert s["decisions_total"] == 3 and len(s["decisions"]) == 3
     prof = s["decisions"][0]["profiles"]["default"]
-    # The default config: queue ×2, KV ×2, prefix ×3 (config/default.yaml).
+    # The default config: token-load ×1, prefix ×1e-7 (config/default.yaml).
     assert [(x["name"], x["weight"]) for x in prof["scorers"]] == [
-        ("queue-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
-        ("prefix-cache-scorer", 3.0),
+        ("token-load-scorer", 1.0),
+        ("prefix-cache-scorer", 1e-7),
     ]
     weights = [x["weight"] for x in prof["scorers"]]
     for e in prof["endpoints"]:
-        # total = Σ weight × clamp(score, 0, 1), e.g. 2×1 + 2×1 + 3×0 = 4 on an idle pool
+        # total = Σ weight × clamp(score, 0, 1), e.g. 1×1 + 1e-7×0 = 1 on an idle pool
         expect = sum(w * min(1.0, max(0.0, x)) for w, x in zip(weights, e["scores"], strict=True))
         assert math.isclose(e["total"], expect, abs_tol=1e-3), e
     assert s["decisions"][0]["target"] in prof["targets"]

@@ -20,24 +20,29 @@ def error(body: str) -> str:
     return str(e.value)
 
 
-def test_builtin_default_is_queue_kv_prefix_max_score():
+def test_builtin_default_is_sticky_until_saturated():
     from pathlib import Path
+
+    import yaml
 
     from epp.config.loader import DEFAULT_CONFIG
 
     cfg = load_default_config()
     (profile,) = cfg.scheduler.profiles.values()
+    assert [f.type_name for f in profile.filters] == ["prefix-cache-affinity-filter"]
     assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
-        ("queue-depth-scorer", 2.0),
-        ("kv-cache-utilization-scorer", 2.0),
-        ("prefix-scorer", 3.0),
+        ("token-load-scorer", 1.0),
+        ("prefix-scorer", 1e-7),
     ]
     assert profile.picker.type_name == "max-score-picker"
     assert cfg.scheduler.handler.type_name == "single-profile-handler"
-    # The prefix scorer's producer is created for it, and the shipped file is the same.
     assert [p.type_name for p in cfg.scheduler.producers] == ["approx-prefix-cache-producer"]
-    shipped = Path(__file__).resolve().parents[2] / "config" / "default.yaml"
-    assert shipped.read_text() == DEFAULT_CONFIG
+    # The shipped file is the same text, and the same plugins as config/prefix-aware.yaml
+    # (which explains every parameter); upstream's weighted blend is prefix-weighted.yaml.
+    config = Path(__file__).resolve().parents[2] / "config"
+    assert (config / "default.yaml").read_text() == DEFAULT_CONFIG
+    aware = yaml.safe_load((config / "prefix-aware.yaml").read_text())
+    assert yaml.safe_load(DEFAULT_CONFIG) == aware
 
 
 def test_upstream_style_config_with_aliases_and_data_layer_loads():
