@@ -93,7 +93,7 @@ plugins:
     peakPrefillThroughput: 15928
     maxTTFTPenaltyMs: 250
     includeRequest: true
-    penaltyWithinCache: true
+    cachedPenaltyFactor: 2
 - type: token-load-scorer
   parameters:
     perRequestTokens: 128

@@ -42,12 +42,16 @@ throughput-based TTFT estimates") adds the same term here. Without it, with 8,50
 prompts the gate opened to an empty server as soon as the cached one had 250 ms of work,
 though the empty one would spend 530 ms prefilling (issue 16, long-context).
 
-With `penaltyWithinCache: true` the penalty is also capped by what stickiness is worth:
-the prefill time of the sticky endpoints' cached prefix (cached tokens /
-peakPrefillThroughput). On short prompts (150 tokens, 9 ms of prefill) the gate then
-opens as soon as a cached server is a few requests busier than a cold one, instead of
-queueing up to 250 ms behind a KV cache that holds 7 sequences (issue 16, decode-bound);
-an 8,000-token document keeps the full penalty.
+With `cachedPenaltyFactor: k` > 0 the penalty is also capped at k times what the cache
+is worth to this request: the prefill time of the sticky endpoints' cached prefix (cached
+tokens / peakPrefillThroughput). On short prompts (150 tokens: 9 ms of prefill) the gate
+then opens as soon as a cached server is a few requests busier than a cold one, instead
+of queueing up to 250 ms behind a KV cache that holds 7 sequences (issue 16,
+decode-bound); a 2,000-token prefix at k = 2 (251 ms) or an 8,000-token document keeps the
+full penalty. k = 1 was too tight where prefixes outgrow the pool's KV cache: capping
+2,000-token prefixes at 131 ms spread groups over servers that evict them (virtual
+kv-pressure at 75 req/s: TTFT p90 167 ms → 1.8 s). k > 1 also stands for the requests
+after this one that find the prefix where it is.
 
 No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
@@ -105,9 +109,10 @@ class PrefixAffinityParams:
         False,
         doc="add this request's uncached prompt tokens on each endpoint to its TTFT estimate",
     )
-    penalty_within_cache: bool = param(
-        False,
-        doc="cap maxTTFTPenaltyMs at the best sticky endpoint's cached prefill time",
+    cached_penalty_factor: float = param(
+        0.0,
+        min=0.0,
+        doc="cap maxTTFTPenaltyMs at this many times the cached prefix's prefill time; 0 = off",
     )
     ttft_source: str = param(
         "prefillThroughput",
@@ -135,7 +140,7 @@ class PrefixCacheAffinityFilter(Plugin):
         self.live = params.load_signal == "live"
         self.queued_tokens = params.queued_request_tokens
         self.include_request = params.include_request
-        self.penalty_within_cache = params.penalty_within_cache
+        self.cached_penalty_factor = params.cached_penalty_factor
         self.rng = handle.rng
 
     def load_tokens(self, endpoint: EndpointSnapshot) -> int:
@@ -172,14 +177,15 @@ class PrefixCacheAffinityFilter(Plugin):
         return sticky
 
     def penalty_ms(self, info: PrefixMatchInfo, sticky: list[EndpointSnapshot]) -> float:
-        """The TTFT a request may lose by sticking: `maxTTFTPenaltyMs`, or with
-        `penaltyWithinCache` at most what the cache saves, the prefill time of the longest
-        cached prefix among the sticky endpoints: a 150-token prompt is not worth
-        queueing 250 ms for, an 8,000-token document is."""
-        if not self.penalty_within_cache:
+        """The TTFT a request may lose by sticking: `maxTTFTPenaltyMs`, at most
+        `cachedPenaltyFactor` times the prefill time of the longest cached prefix among the
+        sticky endpoints (when > 0): a 150-token prompt is not worth queueing 250 ms for,
+        an 8,000-token document is."""
+        if self.cached_penalty_factor <= 0:
             return self.max_penalty_ms
         cached = max(info.cached_tokens(e.name) for e in sticky)
-        return min(self.max_penalty_ms, cached / self.peak * 1000.0)
+        cap = self.cached_penalty_factor * cached / self.peak * 1000.0
+        return min(self.max_penalty_ms, cap)
 
     def best_ttft_ms(
         self, info: PrefixMatchInfo, prompt: int, endpoints: list[EndpointSnapshot]

@@ -184,7 +184,7 @@ def test_shipped_config_is_the_filter_then_token_load_then_prefix():
         ("prefix-scorer", 1e-7),
     ]
     filt = profile.filters[0]
-    assert filt.include_request and filt.penalty_within_cache and filt.live
+    assert filt.include_request and filt.cached_penalty_factor == 2 and filt.live
     assert filt.max_penalty_ms == 250
     assert profile.scorers[0].scorer.per_request == 128
 
@@ -292,9 +292,9 @@ def test_gate_with_the_request_on_a_short_prompt_is_the_load_gate():
     assert names(gate(True).filter(matched(total=1, a=1), short, eps)) == ["a", "b"]
 
 
-def test_penalty_within_cache_caps_what_a_short_prompt_may_queue_for():
+def test_cached_penalty_factor_caps_what_a_short_prompt_may_queue_for():
     # A 48-token prompt (192 characters, 3 blocks), all cached on a: sticking saves 48 ms
-    # of prefill, so with penaltyWithinCache the gate tolerates at most 48 ms, not 300.
+    # of prefill, so with cachedPenaltyFactor 1 the gate tolerates at most 48 ms, not 300.
     state = CycleState()
     info = PrefixMatchInfo(
         total_blocks=3, block_size_tokens=16, matched={"a": 3}, cached_blocks={"a": 3}
@@ -303,7 +303,7 @@ def test_penalty_within_cache_caps_what_a_short_prompt_may_queue_for():
     short = completion("abcd" * 48)
     capped = plugin(
         "prefix-cache-affinity-filter",
-        {**LIVE, "maxTTFTPenaltyMs": 300, "includeRequest": True, "penaltyWithinCache": True},
+        {**LIVE, "maxTTFTPenaltyMs": 300, "includeRequest": True, "cachedPenaltyFactor": 1},
     )
     # a owes 50 (+ 0 uncached), b nothing (+ 48 to prefill): 2 ms ≤ 48 → sticky.
     assert names(capped.filter(state, short, [busy("a", decode=50), busy("b")])) == ["a"]
@@ -316,3 +316,20 @@ def test_penalty_within_cache_caps_what_a_short_prompt_may_queue_for():
     assert names(capped.filter(cached(a=992), completion(PROMPT), eps)) == ["a"]
     eps = [busy("a", decode=100, requests=3), busy("b")]  # 1,600 + 8 − 1,000 = 608 > 300
     assert names(capped.filter(cached(a=992), completion(PROMPT), eps)) == ["a", "b"]
+
+
+def test_cached_penalty_factor_scales_the_cap():
+    # The same 48 cached tokens at factor 2: the cap is 96 ms. a owes 120: 72 ≤ 96 → sticky.
+    state = CycleState()
+    info = PrefixMatchInfo(
+        total_blocks=3, block_size_tokens=16, matched={"a": 3}, cached_blocks={"a": 3}
+    )
+    state.write(PREFIX_MATCH_KEY, info)
+    f = plugin(
+        "prefix-cache-affinity-filter",
+        {**LIVE, "maxTTFTPenaltyMs": 300, "includeRequest": True, "cachedPenaltyFactor": 2},
+    )
+    short = completion("abcd" * 48)
+    assert names(f.filter(state, short, [busy("a", decode=120), busy("b")])) == ["a"]
+    # a owes 150: 150 − 48 = 102 > 96 → everyone.
+    assert names(f.filter(state, short, [busy("a", decode=150), busy("b")])) == ["a", "b"]
