@@ -880,17 +880,10 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
 
 def matrix_module():
     """bench/routing_matrix.py (ratios and the matrix plot), loaded by path like this file."""
-    import importlib.util
+    from epp.harness.bench_cli import load_path
 
-    if "epp_bench_routing_matrix" in sys.modules:  # once: summarize() asks per run
-        return sys.modules["epp_bench_routing_matrix"]
-    path = Path(__file__).with_name("routing_matrix.py")
-    spec = importlib.util.spec_from_file_location("epp_bench_routing_matrix", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    # Loaded once (summarize() asks per run).
+    return load_path(Path(__file__).with_name("routing_matrix.py"), "epp_bench_routing_matrix")
 
 
 if __name__ == "__main__":

@@ -56,17 +56,9 @@ ENVOY_SETUPS = ("rr", "lr", "random")
 
 def routing_module():
     """bench/routing.py (scenarios, prompts, tables), loaded by path like its siblings."""
-    import importlib.util
+    from epp.harness.bench_cli import load_path
 
-    name = "epp_bench_routing"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "routing.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_path(ROOT / "bench" / "routing.py", "epp_bench_routing")
 
 
 @dataclass

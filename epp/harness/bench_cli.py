@@ -17,8 +17,14 @@ BENCHMARKS = {"routing": "routing.py"}
 
 
 def load(name: str) -> ModuleType:
-    path = BENCH_DIR / BENCHMARKS[name]
-    spec = importlib.util.spec_from_file_location(f"epp_bench_{name}", path)
+    return load_path(BENCH_DIR / BENCHMARKS[name], f"epp_bench_{name}")
+
+
+def load_path(path: Path, module_name: str) -> ModuleType:
+    """A bench/ script as a module (bench/ is not a package), loaded once per name."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(path)
     module = importlib.util.module_from_spec(spec)

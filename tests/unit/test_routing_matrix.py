@@ -3,23 +3,18 @@ and the prefix-win verdict, on hand-made rows."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from epp.harness.bench_cli import load_path
 
 PATH = Path(__file__).resolve().parents[2] / "bench" / "routing_matrix.py"
 
 
 @pytest.fixture(scope="module")
 def m():
-    spec = importlib.util.spec_from_file_location("routing_matrix_under_test", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_path(PATH, "routing_matrix_under_test")
 
 
 def row(setup, rate, tok_s, p90, first=0.02, second=0.02, errors=0, scenario="s"):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from epp.composition import install_plugins
+from epp.harness.bench_cli import load_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,14 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def rv():
     install_plugins()
-    spec = importlib.util.spec_from_file_location(
-        "routing_virtual_under_test", ROOT / "bench" / "routing_virtual.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_path(ROOT / "bench" / "routing_virtual.py", "routing_virtual_under_test")
 
 
 def scenario(rv, name: str, tmp_path: Path):
