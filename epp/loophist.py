@@ -31,7 +31,7 @@ __all__ = ["LoopHistogram"]
 
 
 class _Child:
-    __slots__ = ("_bounds", "counts", "sum", "created")
+    __slots__ = ("_bounds", "counts", "created", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
