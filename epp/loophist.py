@@ -72,6 +72,10 @@ class LoopHistogram(Collector):
         if kw:
             if values:
                 raise ValueError(f"{self.name}: give label values by position or by name")
+            if set(kw) != set(self.labelnames):
+                raise ValueError(
+                    f"{self.name}: expected labels {self.labelnames}, got {sorted(kw)}"
+                )
             values = tuple(kw[n] for n in self.labelnames)
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
