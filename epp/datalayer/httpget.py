@@ -63,24 +63,10 @@ class _Framing:
     LENGTH, CHUNKED, UNTIL_CLOSE = range(3)
 
 
-# The receive buffer every connection of one client reads into (`recv_into`), then copies
-# what arrived into its own response buffer. See `_Conn`.
-RECV_BUFFER_BYTES = 256 * 1024
+class _Conn(asyncio.Protocol):
+    """One connection; at most one request in flight (the client guarantees it)."""
 
-
-class _Conn(asyncio.BufferedProtocol):
-    """One connection; at most one request in flight (the client guarantees it).
-
-    A BufferedProtocol: the transport reads with `recv_into` a buffer the client owns
-    and all its connections share (each read is copied out before the next can start:
-    one loop, one callback), instead of `recv(256 KiB)`, which allocates a fresh 256 KiB
-    bytes object per read: above glibc's mmap threshold, so every read of a `/metrics`
-    page cost an mmap, page faults and an munmap (py-spy put ~40 % of the scraper's
-    steady CPU in the transport's read, bench/scrape_cpu.py).
-    """
-
-    def __init__(self, recv_buffer: memoryview | None = None) -> None:
-        self._recv = recv_buffer if recv_buffer is not None else memoryview(bytearray(65536))
+    def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._buf = bytearray()
@@ -100,13 +86,7 @@ class _Conn(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._recv
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._recv[:nbytes])
-
-    def data_received(self, data: bytes | memoryview) -> None:
+    def data_received(self, data: bytes) -> None:
         if self._waiter is None or self._waiter.done():
             # Bytes nobody asked for: the connection is out of step; never reuse it.
             self.close()
@@ -265,7 +245,6 @@ class HttpGetClient:
     def __init__(self, ssl_context: _ssl.SSLContext | None = None) -> None:
         self._ssl = ssl_context
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
-        self._recv = memoryview(bytearray(RECV_BUFFER_BYTES))  # shared by the connections
         self._closed = False
 
     async def get(
@@ -319,11 +298,7 @@ class HttpGetClient:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(
-                lambda: _Conn(self._recv),
-                host,
-                port,
-                ssl=self._ssl,
-                server_hostname=host if self._ssl else None,
+                _Conn, host, port, ssl=self._ssl, server_hostname=host if self._ssl else None
             )
         except OSError as e:
             raise ConnectError(e) from e

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -146,54 +145,3 @@ async def test_garbage_and_refused_connections() -> None:
     finally:
         client.close()
         server.close()
-
-
-async def test_pages_larger_than_the_shared_receive_buffer_over_plain_and_tls(
-    tmp_path: Path,
-) -> None:
-    """Reads go through one receive buffer per client (a BufferedProtocol): a page of 3.5x
-    its size arrives whole and byte-exact, over plain TCP and over TLS (asyncio's SSL
-    transport feeds a BufferedProtocol too), and two connections share the buffer."""
-    import ssl
-
-    from epp.datalayer.httpget import RECV_BUFFER_BYTES
-    from epp.extproc.tls import self_signed
-
-    size = RECV_BUFFER_BYTES * 7 // 2  # 917,504 bytes: at least 4 reads
-    page = bytes(i % 251 for i in range(size))  # 251 is prime: no period matches a read
-
-    async def handler(_: web.Request) -> web.Response:
-        return web.Response(body=page)
-
-    cert = self_signed()
-    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert_file.write_bytes(cert.cert_pem)
-    key_file.write_bytes(cert.key_pem)
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_ctx.load_cert_chain(cert_file, key_file)
-    client_ctx = ssl.create_default_context()
-    client_ctx.check_hostname = False
-    client_ctx.verify_mode = ssl.CERT_NONE
-
-    app = web.Application()
-    app.router.add_get("/big", handler)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-    await runner.setup()
-    plain = web.TCPSite(runner, "127.0.0.1", 0)
-    tls = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
-    await plain.start()
-    await tls.start()
-    plain_port, tls_port = (a[1] for a in runner.addresses)
-    try:
-        for port, ctx in ((plain_port, None), (tls_port, client_ctx)):
-            client = HttpGetClient(ctx)
-            try:
-                first, second = await asyncio.gather(
-                    client.get("127.0.0.1", port, "/big"), client.get("127.0.0.1", port, "/big")
-                )
-            finally:
-                client.close()
-            assert first.status == second.status == 200
-            assert first.body == page and second.body == page
-    finally:
-        await runner.cleanup()
