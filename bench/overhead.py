@@ -762,7 +762,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--retries", type=int, default=2, help="max repeats of a noisy window")
     ap.add_argument("--run-dir", type=Path, help="keep child logs here (default: temp, removed)")
-    ap.add_argument("--py-spy", metavar="BIN", help="after measuring, profile the EPP under load")
+    ap.add_argument(
+        "--py-spy",
+        metavar="BIN",
+        help="after measuring, profile the EPP (and the minimal servicer) under load",
+    )
     ap.add_argument(
         "--epp-arg",
         action="append",
@@ -821,6 +825,7 @@ def run(args: argparse.Namespace, command: str) -> None:
         profile = ""
         if args.py_spy:
             profile = profile_epp(stack, args)
+            profile += "\n\n(b) minimal ext_proc:\n" + profile_epp(stack, args, "b")
             if args.baseline is not None:
                 profile += "\n\n(c0) baseline:\n" + profile_epp(stack, args, "c0")
     today = datetime.date.today().isoformat()

@@ -26,6 +26,7 @@ from epp.observability import (
     REQUESTS_TOTAL,
     RUNNING_REQUESTS,
     SCHEDULER_ATTEMPTS,
+    labelled,
     model_label,
     plugin_timer,
 )
@@ -225,14 +226,19 @@ class Director:
             priority = self.admission.admit(request, candidates) if self.admission else 0
             result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
-            SCHEDULER_ATTEMPTS.labels("failure", target, "", "", "").inc()  # no pod: as GIE
-            REQUEST_ERRORS.labels(model, target, str(e.status)).inc()
+            labelled(SCHEDULER_ATTEMPTS, "failure", target, "", "", "").inc()  # no pod: as GIE
+            labelled(REQUEST_ERRORS, model, target, str(e.status)).inc()
             raise
         primary = result.primary.targets[0]
-        SCHEDULER_ATTEMPTS.labels(
-            "success", target, primary.name, self.namespace, str(primary.endpoint.port)
+        labelled(
+            SCHEDULER_ATTEMPTS,
+            "success",
+            target,
+            primary.name,
+            self.namespace,
+            str(primary.endpoint.port),
         ).inc()
-        REQUESTS_TOTAL.labels(model, target, str(priority)).inc()
+        labelled(REQUESTS_TOTAL, model, target, str(priority)).inc()
         decision = RoutingDecision(
             destinations=[t.hostport for t in result.primary.targets],
             headers=dict(result.headers),
@@ -240,7 +246,7 @@ class Director:
             labels=(model, target),
         )
         self._hold(decision, request, result)
-        RUNNING_REQUESTS.labels(model).inc()
+        labelled(RUNNING_REQUESTS, model).inc()
         for sink in self.admission_sinks:
             sink(request.prompt_tokens_estimate)
         for plugin, timer in zip(self.pre_request, self._pre_timers, strict=True):
@@ -299,7 +305,7 @@ class Director:
             return
         decision.released = True
         if decision.labels is not None:
-            RUNNING_REQUESTS.labels(decision.labels[0]).dec()
+            labelled(RUNNING_REQUESTS, decision.labels[0]).dec()
         prompt_done = decision.prefill_released
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens

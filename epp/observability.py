@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Container
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epp import __version__
+from epp.loophist import LoopHistogram
 
 log = logging.getLogger("epp")
 
@@ -40,13 +42,14 @@ SCHEDULER_ATTEMPTS = Counter(
     ["status", "target_model_name", "pod_name", "namespace", "port"],
     registry=REGISTRY,
 )
-SCHEDULER_E2E = Histogram(
+# Observed on every request: lock-free histograms (epp/loophist.py), same exposition.
+SCHEDULER_E2E = LoopHistogram(
     "inference_extension_scheduler_e2e_duration_seconds",
     "End-to-end scheduling latency.",
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
-PLUGIN_DURATION = Histogram(
+PLUGIN_DURATION = LoopHistogram(
     "inference_extension_plugin_duration_seconds",
     "Processing latency for each plugin.",
     ["extension_point", "plugin_type", "plugin_name"],
@@ -77,6 +80,22 @@ def plugin_timer(extension_point: str, plugin: object):
         plugin_type=getattr(plugin, "type_name", type(plugin).__name__),
         plugin_name=getattr(plugin, "name", ""),
     )
+
+
+_CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def labelled(metric: Any, *values: str) -> Any:
+    """`metric.labels(*values)`, resolved once per label set and kept: `labels()` builds
+    and checks a tuple and takes a lock on every call, and the director needs four
+    children per request. The label sets are bounded as the metric's own children are
+    (model names through `model_label`, the pool's endpoints); these metrics are never
+    cleared, so a kept child is always the registered one."""
+    key = (metric, values)
+    child = _CHILDREN.get(key)
+    if child is None:
+        child = _CHILDREN[key] = metric.labels(*values)
+    return child
 
 
 # A client chooses the model name (body, rewrite header): as a label it must be bounded

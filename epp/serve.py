@@ -19,6 +19,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -72,11 +73,13 @@ from epp.planner.loop import (
     start_live_planner,
     stop_live_planner,
 )
-from epp.planner.perf import Profile, ProfileError, load_profile
 from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle, PluginImportError
 from epp.status.ring import DecisionRing
 from epp.status.routes import add_status_routes
+
+if TYPE_CHECKING:
+    from epp.planner.perf import Profile
 
 log = logging.getLogger("epp")
 
@@ -655,6 +658,10 @@ def load_planner(path: str) -> tuple[PlannerConfig, Profile | None]:
         raise e.in_file(path) from None
     if cfg.planner.mode == "load":
         return cfg, None
+    # Imported here: the profile reader pulls in scipy.interpolate (~2 s of CPU), which
+    # only the SLA modes need; every other start (and restart) of `epp serve` skips it.
+    from epp.planner.perf import ProfileError, load_profile
+
     try:
         return cfg, load_profile(cfg.planner.profile_results_dir)
     except (ProfileError, OSError) as e:

@@ -27,12 +27,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-
-from kubernetes import client, config
+from typing import TYPE_CHECKING
 
 from epp.datalayer.k8s_pods import PodMapper, PoolSpec, PoolSpecError, pool_spec
 from epp.datalayer.k8s_reflector import Objects, Reflector, WatchTiming
 from epp.datastore import Datastore, Endpoint
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 __all__ = ["KubeConfigError", "KubeSource", "KubernetesDiscovery", "load_api_client"]
 
@@ -71,7 +73,10 @@ class KubeSource:
 
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     """`--kubeconfig`, else in-cluster (the pod's ServiceAccount), else $KUBECONFIG or
-    ~/.kube/config (the client's own default)."""
+    ~/.kube/config (the client's own default). The `kubernetes` package is imported
+    here, not at module level: it costs ~1.5 s of CPU, paid only when discovery is on."""
+    from kubernetes import client, config
+
     cfg = client.Configuration()
     try:
         if kubeconfig:
@@ -120,6 +125,8 @@ class KubernetesDiscovery:
     def __init__(
         self, source: KubeSource, datastore: Datastore, api: client.ApiClient | None = None
     ) -> None:
+        from kubernetes import client
+
         self.source = source
         self.datastore = datastore
         self.api = api or load_api_client(source.kubeconfig)

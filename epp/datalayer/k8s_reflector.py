@@ -17,7 +17,7 @@ daemon thread and the event loop never blocks on it. The loop:
    `on_error` and retried with capped exponential backoff with jitter; the last synced
    set stays in force meanwhile.
 
-Objects are the raw JSON dicts the server sent (`_RawWatch`): the callers read a handful
+Objects are the raw JSON dicts the server sent (`_raw_watch_class`): the callers read a handful
 of fields and need no model classes. `stop()` shuts the watch socket down
 of the open watch response, so a thread blocked in a read ends at once; the response is
 registered under a lock as soon as it exists, so no stop or restart can slip in between
@@ -27,6 +27,7 @@ the request and the first read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -35,10 +36,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubernetes import watch
-from kubernetes.client.exceptions import ApiException
+if TYPE_CHECKING:
+    from kubernetes.client.exceptions import ApiException
 
 __all__ = ["Reflector", "WatchTiming", "describe_api_error"]
 
@@ -47,17 +48,31 @@ log = logging.getLogger(__name__)
 Objects = dict[str, dict[str, Any]]
 
 
-class _RawWatch(watch.Watch):
-    """A Watch that yields events as plain dicts, ERROR events included.
+def _api_exception() -> type[ApiException]:
+    """The client's ApiException, imported when first needed: importing the `kubernetes`
+    package costs ~1.5 s of CPU, which `epp serve` without discovery must not pay at start."""
+    from kubernetes.client.exceptions import ApiException
+
+    return ApiException
+
+
+@functools.cache
+def _raw_watch_class() -> type[Any]:
+    """A Watch that yields events as plain dicts, ERROR events included (the class is
+    made on first use, for the same reason as `_api_exception`).
 
     `Watch.stream(..., deserialize=False)` would do the first, but in kubernetes 37.0.2 it
     then fails with KeyError 'raw_object' on an ERROR event (the 410 Gone this reflector
     must see as an ApiException); with no return type the event is left as parsed JSON
     with `raw_object` set, and the 410 becomes ApiException(status=410).
     """
+    from kubernetes import watch
 
-    def get_return_type(self, func: Callable[..., Any]) -> None:
-        return None
+    class RawWatch(watch.Watch):  # type: ignore[misc]
+        def get_return_type(self, func: Callable[..., Any]) -> None:
+            return None
+
+    return RawWatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +94,7 @@ class WatchTiming:
 
 def describe_api_error(what: str, e: BaseException) -> str:
     """One line naming the resource, the status and the fix."""
-    if isinstance(e, ApiException):
+    if isinstance(e, _api_exception()):
         message = e.reason or ""
         with contextlib.suppress(ValueError, AttributeError):
             message = json.loads(e.body or "{}").get("message") or message
@@ -188,7 +203,7 @@ class Reflector:
                 self.resource_version = rv
                 self._on_sync(selector, objects)
                 self._watch_from(selector, objects, rv)
-            except ApiException as e:
+            except _api_exception() as e:
                 if self._interrupted():
                     continue
                 if e.status == 410:
@@ -256,7 +271,7 @@ class Reflector:
             events = 0
             opened = time.monotonic()
             try:
-                stream = _RawWatch().stream(
+                stream = _raw_watch_class()().stream(
                     self._open_watch,
                     *self._args,
                     resource_version=rv,

@@ -2,6 +2,13 @@
 
 Kept apart from the state machine so the protobuf shapes Envoy expects are in one
 place. Header values go in `raw_value` (bytes), as Envoy itself sends them.
+
+Messages are built in place (`resp.request_body.response...body = x`), not with nested
+constructors: `pb.ProcessingResponse(request_body=pb.BodyResponse(response=...))` copies
+each level into its parent, and measured ~10x the CPU of the in-place form for the same
+message (a one-chunk streamed body: ~50 µs against ~4 µs on the bench VM; the EPP builds
+two or three responses per request). tests/unit/test_extproc_messages.py checks every
+builder against the constructor-built message it replaced.
 """
 
 from __future__ import annotations
@@ -33,40 +40,67 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 def header_mutation(
     set_headers: Mapping[str, str], remove: Iterable[str] = ()
 ) -> pb.HeaderMutation:
-    return pb.HeaderMutation(
-        set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
-                append_action=_OVERWRITE,
-            )
-            for k, v in set_headers.items()
-        ],
-        remove_headers=list(remove),
-    )
+    mutation = pb.HeaderMutation()
+    fill_header_mutation(mutation, set_headers, remove)
+    return mutation
+
+
+def fill_header_mutation(
+    mutation: pb.HeaderMutation, set_headers: Mapping[str, str], remove: Iterable[str] = ()
+) -> None:
+    """Write the mutation into `mutation` (a field of the response being built): what
+    `header_mutation` returns, without building the messages twice (see the module doc)."""
+    add = mutation.set_headers.add
+    for k, v in set_headers.items():
+        option = add()
+        option.header.key = k
+        option.header.raw_value = v.encode()
+        option.append_action = _OVERWRITE
+    mutation.remove_headers.extend(remove)
 
 
 def destination_metadata(destinations: list[str]) -> struct_pb2.Struct:
     md = struct_pb2.Struct()
-    md.fields[LB_METADATA_NAMESPACE].struct_value.fields[
-        DESTINATION_ENDPOINT
-    ].string_value = ",".join(destinations)
+    _fill_destination_metadata(md, destinations)
     return md
 
 
+def _fill_destination_metadata(md: struct_pb2.Struct, destinations: list[str]) -> None:
+    md.fields[LB_METADATA_NAMESPACE].struct_value.fields[
+        DESTINATION_ENDPOINT
+    ].string_value = ",".join(destinations)
+
+
 def headers_response(
-    mutation: pb.HeaderMutation,
+    mutation: pb.HeaderMutation | None = None,
     clear_route_cache: bool = False,
     metadata: struct_pb2.Struct | None = None,
+    *,
+    set_headers: Mapping[str, str] | None = None,
+    remove: Iterable[str] = (),
+    destinations: list[str] | None = None,
 ) -> pb.ProcessingResponse:
-    resp = pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(
-            response=pb.CommonResponse(
-                header_mutation=mutation, clear_route_cache=clear_route_cache
-            )
-        )
-    )
+    """The answer to request headers. The mutation is `mutation`, or built in place from
+    `set_headers` + `remove` (give one or the other); the `envoy.lb` metadata is
+    `metadata`, or built in place from `destinations`."""
+    if mutation is not None and (set_headers is not None or remove):
+        raise ValueError("give the header mutation or set_headers/remove, not both")
+    if metadata is not None and destinations is not None:
+        raise ValueError("give metadata or destinations, not both")
+    resp = pb.ProcessingResponse()
+    common = resp.request_headers.response
+    common.SetInParent()
+    header_mutation_field = common.header_mutation
+    header_mutation_field.SetInParent()
+    if mutation is not None:
+        header_mutation_field.CopyFrom(mutation)
+    else:
+        fill_header_mutation(header_mutation_field, set_headers or {}, remove)
+    common.clear_route_cache = clear_route_cache
     if metadata is not None:
         resp.dynamic_metadata.CopyFrom(metadata)
+    elif destinations is not None:
+        _fill_destination_metadata(resp.dynamic_metadata, destinations)
     return resp
 
 
@@ -74,24 +108,25 @@ def streamed_body_responses(
     body: bytes, end_of_stream: bool = True, request: bool = True
 ) -> list[pb.ProcessingResponse]:
     """The body as streamed_response mutations of at most 62,000 bytes each."""
-    chunks = [body[i : i + MAX_STREAMED_CHUNK] for i in range(0, len(body), MAX_STREAMED_CHUNK)]
-    if not chunks:
-        chunks = [b""]
-    out = []
-    last = len(chunks) - 1
-    for i, chunk in enumerate(chunks):
-        common = pb.CommonResponse(
-            body_mutation=pb.BodyMutation(
-                streamed_response=pb.StreamedBodyResponse(
-                    body=chunk, end_of_stream=end_of_stream and i == last
-                )
-            )
-        )
-        if request:
-            out.append(pb.ProcessingResponse(request_body=pb.BodyResponse(response=common)))
-        else:
-            out.append(pb.ProcessingResponse(response_body=pb.BodyResponse(response=common)))
-    return out
+    if len(body) <= MAX_STREAMED_CHUNK:  # one chunk (possibly empty), the common case
+        return [_streamed_chunk(body, end_of_stream, request)]
+    starts = range(0, len(body), MAX_STREAMED_CHUNK)
+    last = starts[-1]
+    return [
+        _streamed_chunk(body[i : i + MAX_STREAMED_CHUNK], end_of_stream and i == last, request)
+        for i in starts
+    ]
+
+
+def _streamed_chunk(chunk: bytes, end_of_stream: bool, request: bool) -> pb.ProcessingResponse:
+    # Built in place: nested constructors copy every level (~10x the CPU; module doc).
+    resp = pb.ProcessingResponse()
+    phase = resp.request_body if request else resp.response_body
+    streamed = phase.response.body_mutation.streamed_response
+    streamed.SetInParent()
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
+    return resp
 
 
 def buffered_body_response(
@@ -112,7 +147,7 @@ def buffered_body_response(
 
 
 def empty_request_body_response() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_body=pb.BodyResponse())
+    return _empty("request_body")
 
 
 def immediate_response(error: EppError) -> pb.ProcessingResponse:
@@ -127,29 +162,30 @@ def immediate_response(error: EppError) -> pb.ProcessingResponse:
 
 
 def request_trailers_response() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+    return _empty("request_trailers")
 
 
 def response_headers_passthrough() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    return _empty("response_headers")
 
 
 def response_body_passthrough(body: pb.HttpBody, streamed: bool) -> list[pb.ProcessingResponse]:
     """The same bytes back (FULL_DUPLEX_STREAMED: Envoy forwards only what we return);
     an empty answer in the other modes, where Envoy keeps the chunk it sent."""
     if not streamed:
-        return [pb.ProcessingResponse(response_body=pb.BodyResponse())]
-    if len(body.body) > MAX_STREAMED_CHUNK:
-        return streamed_body_responses(body.body, body.end_of_stream, request=False)
-    resp = pb.ProcessingResponse()  # one chunk, the common case: built in place
-    out = resp.response_body.response.body_mutation.streamed_response
-    out.body = body.body
-    out.end_of_stream = body.end_of_stream
-    return [resp]
+        return [_empty("response_body")]
+    return streamed_body_responses(body.body, body.end_of_stream, request=False)
 
 
 def response_trailers_passthrough() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+    return _empty("response_trailers")
+
+
+def _empty(phase: str) -> pb.ProcessingResponse:
+    """A response with the empty answer to `phase` set ("continue unchanged")."""
+    resp = pb.ProcessingResponse()
+    getattr(resp, phase).SetInParent()
+    return resp
 
 
 def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
@@ -159,6 +195,25 @@ def header_map(headers: pb.HttpHeaders) -> dict[str, str]:
         value = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
         out[h.key.lower()] = value
     return out
+
+
+def header_map_counted(headers: pb.HttpHeaders) -> tuple[dict[str, str], int, int]:
+    """`header_map`, plus what the header limits need in the same pass: the number of
+    regular (non-pseudo) headers and the bytes of every name and value as sent."""
+    out: dict[str, str] = {}
+    regular = size = 0
+    for h in headers.headers.headers:
+        key, raw = h.key, h.raw_value
+        if raw:
+            value = raw.decode("utf-8", "replace")
+            size += len(key) + len(raw)
+        else:
+            value = h.value
+            size += len(key) + len(value)
+        if not key.startswith(":"):
+            regular += 1
+        out[key.lower()] = value
+    return out, regular, size
 
 
 def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:

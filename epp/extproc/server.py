@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -35,6 +36,7 @@ DEFAULT_MAX_BUFFERED_BYTES = 256 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 30.0
 
 _UNROUTED = (Phase.AWAIT_HEADERS, Phase.GATHER_BODY)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,62 @@ class StreamLimits:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if not self.body_timeout > 0:
             raise ValueError(f"body_timeout must be > 0 seconds, got {self.body_timeout}")
+
+
+class _BodyDeadline:
+    """One stream's body deadline (`body_timeout` from its start): one timer per stream,
+    armed on the first wait for a message and kept until the request is routed, instead
+    of an `asyncio.timeout_at` (a Timeout object and a TimerHandle) around every message
+    wait. When it fires while the stream waits for a message, that wait is cancelled and
+    raises TimeoutError, as `asyncio.timeout_at` did; a wait that starts after it fired
+    raises TimeoutError at once."""
+
+    __slots__ = ("_at", "_cancelling", "_expired", "_handle", "_loop", "_task", "_waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        self._loop = loop
+        self._at = loop.time() + seconds
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._waiting = False
+        self._expired = False
+        self._cancelling = 0
+
+    async def within(self, wait: Awaitable[T]) -> T:
+        if self._expired or self._loop.time() >= self._at:
+            self._expired = True
+            close = getattr(wait, "close", None)
+            if close is not None:
+                close()  # never awaited: no "coroutine was never awaited" warning
+            raise TimeoutError
+        if self._handle is None:
+            self._task = asyncio.current_task()
+            self._handle = self._loop.call_at(self._at, self._fire)
+        if self._task is not None:
+            self._cancelling = self._task.cancelling()
+        self._waiting = True
+        try:
+            return await wait
+        except asyncio.CancelledError:
+            task = self._task
+            # Ours only if the timer fired and nobody else also cancelled the task
+            # (asyncio.Timeout's own test).
+            if self._expired and task is not None and task.uncancel() <= self._cancelling:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiting = False
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._expired = True
+        if self._waiting and self._task is not None:
+            self._task.cancel()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
@@ -90,16 +148,15 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         )
         self.open_streams += 1
         self._idle.clear()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + lim.body_timeout
+        deadline = _BodyDeadline(asyncio.get_running_loop(), lim.body_timeout)
         messages = aiter(request_iterator)
         try:
             while True:
                 try:
                     if stream.phase in _UNROUTED:
-                        async with asyncio.timeout_at(deadline):
-                            msg = await anext(messages)
+                        msg = await deadline.within(anext(messages))
                     else:
+                        deadline.cancel()
                         msg = await anext(messages)
                 except StopAsyncIteration:
                     break
@@ -111,6 +168,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     yield resp
             self._check_response_phases(stream)
         finally:
+            deadline.cancel()
             self.open_streams -= 1
             if not self.open_streams:
                 self._idle.set()

@@ -161,9 +161,14 @@ class RequestStream:
     async def handle_async(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         """`handle`, with a large body parsed in a worker thread, and a request that
         finds an empty pool held while it scales from zero (`Director.await_capacity`)."""
-        if self.phase is not Phase.REJECTED and self._routes_now(msg):
+        director = self.director
+        if (
+            director.cold_start is not None  # scale from zero is on
+            and self.phase is not Phase.REJECTED
+            and self._routes_now(msg)
+        ):
             try:
-                await self.director.await_capacity()
+                await director.await_capacity()
             except EppError as e:
                 return self._reject(e)
         low = PREPARE_OFF_LOOP_BYTES if self.director.prepares else PARSE_OFF_LOOP_BYTES
@@ -324,12 +329,12 @@ class RequestStream:
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         if self.phase is not Phase.AWAIT_HEADERS:
             raise EppError(400, "request headers received twice on one stream")
-        headers = m.header_map(msg.request_headers)
+        headers, regular, size = m.header_map_counted(msg.request_headers)
         req = new_request(headers, headers.get(":path", "/"), headers.get(":method", "POST"))
         # Set on the upstream request when missing or replaced (invalid: see request.py).
         self._generated_id = req.request_id != headers.get(REQUEST_ID)
         self.request = req  # before the header check, so a 431 is logged with its id
-        self._check_header_limits(msg.request_headers, headers)
+        self._check_header_limits(msg.request_headers, headers, regular, size)
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
@@ -337,24 +342,25 @@ class RequestStream:
             self.phase = Phase.ROUTED
             return [
                 m.headers_response(
-                    m.header_mutation(self._routing_headers(None), self._removals()),
+                    set_headers=self._routing_headers(None),
+                    remove=self._removals(),
                     clear_route_cache=True,
-                    metadata=m.destination_metadata(self.decision.destinations),
+                    destinations=self.decision.destinations,
                 )
             ]
         self.phase = Phase.GATHER_BODY
         if self.request_body_mode == FULL_DUPLEX:
             return []
         # Envoy waits for this answer before it sends the body.
-        return [m.headers_response(m.header_mutation({}, m.CLIENT_FORBIDDEN_HEADERS))]
+        return [m.headers_response(set_headers={}, remove=m.CLIENT_FORBIDDEN_HEADERS)]
 
-    def _check_header_limits(self, raw: pb.HttpHeaders, headers: dict[str, str]) -> None:
+    def _check_header_limits(
+        self, raw: pb.HttpHeaders, headers: dict[str, str], regular: int, size: int
+    ) -> None:
         """431 if the EPP's own headers would push the request over Envoy's limits: the
         destination and x-prefiller-host-port (unless the client sent them: they are
-        overwritten), x-request-id when it is generated, content-length when absent."""
-        pairs = raw.headers.headers
-        regular = sum(1 for h in pairs if not h.key.startswith(":"))
-        size = sum(len(h.key) + len(h.raw_value or h.value) for h in pairs)
+        overwritten), x-request-id when it is generated, content-length when absent.
+        `regular`, `size`: the client's non-pseudo headers and bytes (`header_map_counted`)."""
         added = (
             (DESTINATION_ENDPOINT not in headers)
             + (PREFILLER_HOST_PORT not in headers)
@@ -404,14 +410,20 @@ class RequestStream:
         self.routed_at = self.clock()
         self.phase = Phase.ROUTED
         body = new_body if new_body is not None else raw
-        mutation = m.header_mutation(self._routing_headers(body), self._removals())
-        metadata = m.destination_metadata(self.decision.destinations)
+        set_headers, removals = self._routing_headers(body), self._removals()
         mode = self.request_body_mode
         if mode == FULL_DUPLEX:
             return [
-                m.headers_response(mutation, clear_route_cache=True, metadata=metadata),
+                m.headers_response(
+                    set_headers=set_headers,
+                    remove=removals,
+                    clear_route_cache=True,
+                    destinations=self.decision.destinations,
+                ),
                 *m.streamed_body_responses(body, end_of_stream=not trailers),
             ]
+        mutation = m.header_mutation(set_headers, removals)
+        metadata = m.destination_metadata(self.decision.destinations)
         first = m.buffered_body_response(mutation, new_body, True, metadata)
         if mode == STREAMED and n_chunks > 1:
             # One answer per chunk; when the body changed, the first carries all of it.
