@@ -222,3 +222,25 @@ def test_queue_features_scale_the_wait_by_the_endpoint_history():
     h2 = EndpointHistory()
     assert h2.get("a") is None
     assert QUEUE.ttft(e, 100, h2)[6:] == (0.0, 0.0, 0.0)  # no history yet: terms off
+
+
+def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
+    from epp.datastore import Endpoint
+    from epp.scheduling.params import parse_params
+    from epp.scheduling.registry import PLUGIN_TYPES, Handle
+
+    pool = [Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000)]
+    listeners = []
+    handle = Handle(
+        pool=lambda: pool, on_pool_change=lambda fn: listeners.append(fn) or (lambda: None)
+    )
+    spec = PLUGIN_TYPES.lookup("predicted-latency-producer")
+    p = spec.build("p", parse_params(spec.params, {"features": "queue"}), handle)
+    for name in ("a", "b"):
+        rec = RequestRecord(0.0, 10, 4, 50.0, 5.0, 0.2, endpoint=name)
+        p.post_response(completion(), rec, snap(name))
+    assert p.history._by.keys() == {"a", "b"}
+    pool = pool[:1]  # b left the pool
+    for fn in listeners:
+        fn()
+    assert p.history._by.keys() == {"a"}
