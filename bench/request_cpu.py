@@ -5,6 +5,7 @@ EPP's cost once gRPC and asyncio (the same for the minimal servicer) are taken o
 
     .venv/bin/python bench/request_cpu.py [--endpoints 8] [--requests 3000]
     .venv/bin/python bench/request_cpu.py --baseline ../main   # old vs new, one run
+    .venv/bin/python bench/request_cpu.py --config config/slo.yaml --header x-slo-ttft-ms:150
 
 CPU time of this thread (`thread_time`), so a shared machine's other jobs do not inflate
 it; the figure is the median over `--batches` batches of the mean per request. With
@@ -29,7 +30,7 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.composition import install_plugins
-from epp.config.loader import load_default_config
+from epp.config.loader import load_config_file, load_default_config
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
 from epp.extproc.stream import RequestStream
@@ -49,7 +50,7 @@ BODY = json.dumps(
 ).encode()
 
 
-def messages() -> list[pb.ProcessingRequest]:
+def messages(extra: dict[str, str] | None = None) -> list[bytes]:
     headers = {
         ":path": "/v1/completions",
         ":method": "POST",
@@ -59,7 +60,7 @@ def messages() -> list[pb.ProcessingRequest]:
         "content-length": str(len(BODY)),
         "x-request-id": "5f0c3a8e-4a53-4c5e-9d0e-2f1f0a7d9c11",
         "user-agent": "Python/3.11 aiohttp/3.14",
-    }
+    } | (extra or {})
     first = pb.ProcessingRequest(
         request_headers=pb.HttpHeaders(
             headers=base_pb2.HeaderMap(
@@ -78,7 +79,7 @@ def messages() -> list[pb.ProcessingRequest]:
     return [first.SerializeToString(), body.SerializeToString()]
 
 
-def build(n: int) -> Director:
+def build(n: int, config: Path | None = None) -> Director:
     rng = random.Random(0)
     ds = Datastore(staleness=1e9)
     ds.set_endpoints([Endpoint(f"sim-{i}", "127.0.0.1", 30000 + i) for i in range(n)])
@@ -86,13 +87,23 @@ def build(n: int) -> Director:
         ds.update_metrics(
             e.name, EndpointMetrics(kv_cache_usage=rng.random() * 0.1, update_time=ds.clock())
         )
-    cfg = load_default_config(Handle(rng=random.Random(0)), install_plugins())
+    handle, registry = Handle(rng=random.Random(0)), install_plugins()
+    if config is None:
+        cfg = load_default_config(handle, registry)
+    else:
+        cfg = load_config_file(config, handle, registry)
     return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
 
 
-def measure(n: int, requests: int, batches: int) -> dict[str, float]:
-    director = build(n)
-    raw = messages()
+def measure(
+    n: int,
+    requests: int,
+    batches: int,
+    config: Path | None = None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, float]:
+    director = build(n, config)
+    raw = messages(extra)
     per_batch = []
     for b in range(batches + 1):
         c0 = time.thread_time()
@@ -126,9 +137,21 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--baseline", type=Path, metavar="CHECKOUT")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--config", type=Path, help="an EndpointPickerConfig instead of the default")
+    ap.add_argument(
+        "--header", action="append", default=[], help="NAME:VALUE added to every request"
+    )
     args = ap.parse_args()
+    extra = {}
+    for h in args.header:
+        name, sep, value = h.partition(":")
+        if not sep or not name:
+            ap.error(f"--header {h!r}: expected NAME:VALUE")
+        extra[name.strip().lower()] = value.strip()
+    if args.config is not None and args.baseline is not None:
+        ap.error("--config applies to this checkout only; run it without --baseline")
     if args.baseline is None:
-        r = measure(args.endpoints, args.requests, args.batches)
+        r = measure(args.endpoints, args.requests, args.batches, args.config, extra)
         print(json.dumps(r) if args.json else f"{r['cpu_us_per_request']:.1f} µs CPU per request")
         return
     got: dict[str, list[float]] = {"before": [], "after": []}

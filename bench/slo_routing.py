@@ -14,7 +14,13 @@ as misses) per class, goodput (SLO-meeting requests per second of the run), TTFT
 p99 per class. The predictor learns during the first `--warmup-s` seconds of traffic
 (same traffic for every setup; excluded from the figures).
 
-    .venv/bin/python bench/slo_routing.py [--rate 6] [--setups default,prefix,slo]
+`--repeats N` runs every setup N times, interleaved (the order rotates each repeat, so
+no setup always runs first on a machine that warms up or gets busier), and reports the
+median of each figure over the repeats, plus each setup's attainment per repeat.
+`--setup NAME=CONFIG` adds a setup running `epp serve --config CONFIG` (to compare
+variants of a profile without editing config/).
+
+    .venv/bin/python bench/slo_routing.py [--rate 6] [--setups default,prefix,slo] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -140,9 +146,42 @@ def summarise(setup: str, results: list[Res], a: argparse.Namespace) -> dict:
     return row
 
 
+def median_row(setup: str, rows: list[dict]) -> dict:
+    """Each figure's median over the repeats (errors: the total)."""
+    out: dict = {"setup": setup, "repeats": len(rows)}
+    for key in rows[0]:
+        if key == "setup":
+            continue
+        vals = [r[key] for r in rows]
+        out[key] = sum(vals) if key.endswith("errors") else statistics.median(vals)
+    out["attainment_each"] = [round(r["attainment"], 3) for r in rows]
+    return out
+
+
+def parse_setups(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, list[str]]:
+    configs = dict(CONFIGS)
+    for spec in a.setup:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            p.error(f"--setup {spec!r}: expected NAME=CONFIG_PATH")
+        if not Path(path).is_file():
+            p.error(f"--setup {spec!r}: no such file {path}")
+        configs[name] = ["--config", path]
+    chosen = {}
+    for name in a.setups.split(","):
+        if name not in configs:
+            p.error(f"unknown setup {name!r}; known: {', '.join(configs)}")
+        chosen[name] = configs[name]
+    return chosen
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--setups", default="default,prefix,slo")
+    p.add_argument(
+        "--setup", action="append", default=[], help="NAME=CONFIG: an extra setup (repeatable)"
+    )
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--sims", type=int, default=3)
     p.add_argument("--rate", type=float, default=6.0)
     p.add_argument("--warmup-s", type=float, default=15.0)
@@ -159,7 +198,8 @@ def main() -> None:
     p.add_argument("--prefill-ms", type=float, default=0.2)
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--run-dir", help="keep the processes' logs here (one folder per setup)")
+    p.add_argument("--run-dir", help="keep the processes' logs here (one folder per run)")
+    p.add_argument("--json", help="write every run and the medians here")
     a = p.parse_args()
     reqs = workload(a)
     base = [
@@ -176,18 +216,30 @@ def main() -> None:
         "--prefill-ms-per-token",
         str(2 * a.prefill_ms),
     ]
-    rows = []
-    for setup in a.setups.split(","):
-        with LocalStack(
-            n_sims=a.sims,
-            sim_args=base,
-            per_sim_args={a.sims - 1: slow},
-            epp_args=CONFIGS[setup],
-            run_dir=Path(a.run_dir) / setup if a.run_dir else None,
-        ) as st:
-            results = asyncio.run(drive(st.url, reqs))
-        rows.append(summarise(setup, results, a))
-        print(json.dumps(rows[-1]), flush=True)
+    setups = parse_setups(a, p)
+    if a.repeats < 1:
+        p.error("--repeats must be at least 1")
+    names = list(setups)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(a.repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for setup in order:
+            run_dir = Path(a.run_dir) / f"{setup}-{rep}" if a.run_dir else None
+            with LocalStack(
+                n_sims=a.sims,
+                sim_args=base,
+                per_sim_args={a.sims - 1: slow},
+                epp_args=setups[setup],
+                run_dir=run_dir,
+            ) as st:
+                results = asyncio.run(drive(st.url, reqs))
+            runs[setup].append(summarise(setup, results, a))
+            print(json.dumps({"repeat": rep, **runs[setup][-1]}), flush=True)
+    rows = [median_row(n, runs[n]) for n in names]
+    if a.json:
+        Path(a.json).write_text(json.dumps({"runs": runs, "medians": rows}, indent=1))
+    if a.repeats > 1:
+        print(f"\nmedians of {a.repeats} interleaved repeats")
     print(
         "\n| setup | attainment | goodput req/s | chat attain | chat TTFT mean / p99 ms "
         "| long attain | long TTFT mean / p99 ms | errors |"
@@ -200,6 +252,10 @@ def main() -> None:
             f"| {r['long_attain']:.1%} | {r['long_ttft_mean']:.0f} / {r['long_ttft_p99']:.0f} "
             f"| {r['chat_errors'] + r['long_errors']} |"
         )
+    if a.repeats > 1:
+        for r in rows:
+            each = ", ".join(f"{v:.1%}" for v in r["attainment_each"])
+            print(f"{r['setup']}: attainment per repeat {each}")
 
 
 if __name__ == "__main__":

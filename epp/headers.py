@@ -17,6 +17,10 @@ SESSION_TOKEN = "x-session-token"  # session-affinity-scorer's default `headerNa
 # Per-request latency objectives in milliseconds (GIE latency-predictor plugins).
 SLO_TTFT_MS = "x-slo-ttft-ms"
 SLO_TPOT_MS = "x-slo-tpot-ms"
+# How long this request may wait in the flow-control queue, a Go duration ("2s", "500ms"):
+# llm-d-router `pkg/epp/metadata/consts.go` InferenceTTLHeaderKey (bounded here by the
+# configured defaultRequestTTL).
+INFERENCE_TTL = "x-llm-d-inference-ttl"
 
 # Headers (and dynamic-metadata keys) the EPP sets for Envoy and the model servers.
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"

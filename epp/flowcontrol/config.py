@@ -4,7 +4,8 @@
     flowControl:
       maxRequests: 5000                  # in the whole queue; k8s quantities ("1k") accepted
       maxBytes: 1Gi                      # raw request-body bytes held
-      defaultRequestTTL: 30s             # a request waiting longer gets 503 (0 = no limit)
+      defaultRequestTTL: 30s             # a request waiting longer gets 503 (0 = no limit);
+                                         # x-llm-d-inference-ttl may shorten it per request
       defaultPriorityBand: {maxRequests: 0, maxBytes: 1Gi, fairnessPolicyRef: rr}
       priorityBands:
       - {priority: 100, maxRequests: 500, fairnessPolicyRef: rr,
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.config.errors import ConfigError
-from epp.flowcontrol.queue import ROUND_ROBIN, BandLimits
+from epp.flowcontrol.queue import FCFS, ROUND_ROBIN, BandLimits
 from epp.scheduling.params import param, parse_params
 from epp.scheduling.registry import NOT_YET_IMPLEMENTED, Handle, Registry
 
@@ -44,7 +45,9 @@ class BandParams:
         "", doc="a fairness policy plugin or type (default round-robin-fairness-policy)"
     )
     ordering_policy_ref: str = param(
-        "", doc="an ordering policy plugin or type (fcfs-ordering-policy, the only one)"
+        "",
+        doc="an ordering policy plugin or type (default fcfs-ordering-policy; "
+        "edf-ordering-policy, slo-deadline-ordering-policy)",
     )
 
 
@@ -179,15 +182,16 @@ def parse_flow_control(
 
 
 def _band(b: BandParams, path: str, resolve: _PolicyResolver) -> BandLimits:
-    fairness = ROUND_ROBIN
+    fairness, ordering = ROUND_ROBIN, FCFS
     if b.fairness_policy_ref:
         fairness = resolve(b.fairness_policy_ref, "fairness", f"{path}.fairnessPolicyRef").fairness
     if b.ordering_policy_ref:
-        resolve(b.ordering_policy_ref, "ordering", f"{path}.orderingPolicyRef")
+        ordering = resolve(b.ordering_policy_ref, "ordering", f"{path}.orderingPolicyRef").ordering
     return BandLimits(
         max_requests=quantity(b.max_requests, f"{path}.maxRequests"),
         max_bytes=quantity(b.max_bytes, f"{path}.maxBytes"),
         fairness=fairness,
+        ordering=ordering,
     )
 
 
@@ -218,7 +222,8 @@ class _PolicyResolver:
         if getattr(plugin, "policy_kind", None) != kind:
             raise ConfigError(
                 path,
-                f"{plugin!r} is not a {kind} policy; use one of {', '.join(self._types(kind))}",
+                f"{plugin!r} is not {'an' if kind[0] in 'aeiou' else 'a'} {kind} policy; "
+                f"use one of {', '.join(self._types(kind))}",
             )
         return plugin
 

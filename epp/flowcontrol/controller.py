@@ -23,23 +23,57 @@ processor.go`):
   (`capacity_freed`, from `Director.release`), new metrics arrived, the pool changed,
   or a request joined. Nothing polls; an idle queue costs nothing.
 - each waiting request has one timer (its TTL); a client that goes away (its ext_proc
-  stream ends, so its task is cancelled) leaves the queue at once.
+  stream ends, so its task is cancelled) leaves the queue at once;
+- a request's TTL is `defaultRequestTTL`, or less if its `x-llm-d-inference-ttl` header
+  asks for less (`effective_ttl`); the deadline orderings (`edf-ordering-policy`,
+  `slo-deadline-ordering-policy`) sort a band's flows by it or by `x-slo-ttft-ms`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
 from epp.admission import Objectives, SaturationDetector
+from epp.config.errors import ConfigError
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError
 from epp.flowcontrol import metrics as fm
-from epp.flowcontrol.config import FlowControlConfig
+from epp.flowcontrol.config import FlowControlConfig, duration
 from epp.flowcontrol.queue import DEFAULT_FLOW, FlowQueue, Item
+from epp.headers import INFERENCE_TTL, SLO_TTFT_MS
 from epp.observability import model_label
 from epp.request import InferenceRequest
+
+
+def effective_ttl(request: InferenceRequest, default: float) -> float:
+    """Seconds `request` may wait: its `x-llm-d-inference-ttl` (a Go duration, "2s",
+    "500ms", as llm-d-router's FlowControlAdmissionController reads it), never more than
+    the configured `default` (0 = no bound, then the header alone). A malformed, zero or
+    negative header is ignored, as upstream ignores it: the default applies."""
+    raw = request.headers.get(INFERENCE_TTL)
+    if raw:
+        try:
+            ttl = duration(raw.strip(), INFERENCE_TTL)
+        except ConfigError:
+            ttl = 0.0
+        if ttl > 0:
+            return min(ttl, default) if default > 0 else ttl
+    return default
+
+
+def slo_ttft_seconds(request: InferenceRequest) -> float | None:
+    """The request's `x-slo-ttft-ms` in seconds (None when absent, malformed or ≤ 0)."""
+    raw = request.headers.get(SLO_TTFT_MS)
+    if not raw:
+        return None
+    try:
+        ms = float(raw)
+    except ValueError:
+        return None
+    return ms / 1000.0 if math.isfinite(ms) and ms > 0 else None
 
 
 def capacity_rejected(message: str) -> EppError:
@@ -115,11 +149,20 @@ class FlowController:
             raise capacity_rejected(f"{full}; retry later")
         loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        item = Item(priority, flow, size, fut, labels)
+        ttl = effective_ttl(request, self.config.ttl)
+        slo = slo_ttft_seconds(request)
+        item = Item(
+            priority,
+            flow,
+            size,
+            fut,
+            labels,
+            ttl_deadline=t0 + ttl if ttl > 0 else math.inf,
+            slo_deadline=t0 + slo if slo is not None else math.inf,
+        )
         self.queue.push(item)
         fm.ENQUEUE_DURATION.labels(labels[0], labels[1], fm.QUEUED).observe(self.clock() - t0)
-        ttl = self.config.ttl
-        timer = loop.call_later(ttl, self._expire, item) if ttl > 0 else None
+        timer = loop.call_later(ttl, self._expire, item, ttl) if ttl > 0 else None
         self._kick()
         try:
             await fut
@@ -141,14 +184,19 @@ class FlowController:
         self._record(labels, fm.DISPATCHED, t0, None)
         self._kick()  # runs after the caller has routed this request
 
-    def _expire(self, item: Item) -> None:
+    def _expire(self, item: Item, ttl: float) -> None:
         fut: asyncio.Future[None] = item.payload
         if self.queue.remove(item) and not fut.done():
+            source = (
+                "flowControl.defaultRequestTTL"
+                if ttl == self.config.ttl
+                else f"the request's {INFERENCE_TTL} header"
+            )
             fut.set_exception(
                 ttl_expired(
-                    f"the request waited {self.config.ttl:g}s in the flow-control queue "
+                    f"the request waited {ttl:g}s in the flow-control queue "
                     f"(priority {item.priority}) and the pool stayed saturated; retry later "
-                    "(the wait is flowControl.defaultRequestTTL)"
+                    f"(the wait is {source})"
                 )
             )
 

@@ -9,7 +9,11 @@ Shape (GIE `pkg/epp/flowcontrol/registry`, gie-epp.md §5.4):
   one request each (GIE `round-robin-fairness-policy`; upstream walks sorted flow keys,
   here flows rotate in the order they became non-empty, which is the same fairness),
   `global-strict` serves the band as one FCFS queue (GIE's default policy);
-- inside a flow, first come first served (`fcfs-ordering-policy`);
+- inside a flow, the band's ordering: first come first served (`fcfs-ordering-policy`,
+  a FIFO), or earliest deadline first (a heap; ties FCFS): `edf-ordering-policy` orders
+  by enqueue time + the request's effective TTL (GIE `ordering/edf`), and
+  `slo-deadline-ordering-policy` by arrival + its `x-slo-ttft-ms` (GIE
+  `ordering/slodeadline`); a request without one sorts after every request with one;
 - capacity: requests and bytes (the raw body length, as upstream) per band and in total;
   `capacity_error` says which bound a new item would break.
 
@@ -19,6 +23,8 @@ memory is bounded by the queued items themselves (≤ the global request bound).
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +33,10 @@ from typing import Any
 DEFAULT_FLOW = "default-flow"  # upstream's fairness id when the header is absent
 ROUND_ROBIN = "round-robin"
 GLOBAL_STRICT = "global-strict"
+FCFS = "fcfs"
+EDF = "edf"  # deadline = enqueue + effective TTL
+SLO_DEADLINE = "slo-deadline"  # deadline = arrival + x-slo-ttft-ms
+ORDERINGS = (FCFS, EDF, SLO_DEADLINE)
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class BandLimits:
     max_requests: int = 0
     max_bytes: int = 0
     fairness: str = ROUND_ROBIN
+    ordering: str = FCFS
 
 
 @dataclass(eq=False, slots=True)
@@ -48,13 +59,77 @@ class Item:
     payload: Any = None
     labels: tuple[str, ...] = ()
     queued: bool = False
+    # Deadlines for the deadline orderings (inf = none: after every item that has one).
+    ttl_deadline: float = math.inf
+    slo_deadline: float = math.inf
+    seq: int = 0  # enqueue order, set by push (the FCFS tie-break)
+
+
+class _Fifo:
+    """A flow in FCFS order."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: deque[Item] = deque()
+
+    def push(self, item: Item) -> None:
+        self.items.append(item)
+
+    def pop(self) -> Item:
+        return self.items.popleft()
+
+    def remove(self, item: Item) -> None:
+        self.items.remove(item)  # O(flow length), bounded by the queue's capacity
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self.items)
+
+
+class _Deadlines:
+    """A flow in earliest-deadline-first order (a heap; equal deadlines FCFS)."""
+
+    __slots__ = ("heap", "key")
+
+    def __init__(self, ordering: str) -> None:
+        self.heap: list[tuple[float, int, Item]] = []
+        self.key = ordering
+
+    def push(self, item: Item) -> None:
+        deadline = item.ttl_deadline if self.key == EDF else item.slo_deadline
+        heapq.heappush(self.heap, (deadline, item.seq, item))
+
+    def pop(self) -> Item:
+        return heapq.heappop(self.heap)[2]
+
+    def remove(self, item: Item) -> None:
+        for i, entry in enumerate(self.heap):
+            if entry[2] is item:
+                self.heap[i] = self.heap[-1]
+                self.heap.pop()
+                heapq.heapify(self.heap)  # O(flow length), like the FIFO's remove
+                return
+        raise ValueError("item not in flow")
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def __iter__(self) -> Iterator[Item]:
+        return (entry[2] for entry in self.heap)
+
+
+def _new_flow(ordering: str) -> _Fifo | _Deadlines:
+    return _Fifo() if ordering == FCFS else _Deadlines(ordering)
 
 
 @dataclass(slots=True)
 class Band:
     priority: int
     limits: BandLimits
-    flows: OrderedDict[str, deque[Item]] = field(default_factory=OrderedDict)
+    flows: OrderedDict[str, _Fifo | _Deadlines] = field(default_factory=OrderedDict)
     requests: int = 0
     bytes: int = 0
 
@@ -77,6 +152,7 @@ class FlowQueue:
         self._order: list[Band] = []  # highest priority first
         self.requests = 0
         self.bytes = 0
+        self._seq = 0
 
     def __len__(self) -> int:
         return self.requests
@@ -117,8 +193,10 @@ class FlowQueue:
         key = item.flow if b.limits.fairness == ROUND_ROBIN else DEFAULT_FLOW
         flow = b.flows.get(key)
         if flow is None:
-            flow = b.flows[key] = deque()
-        flow.append(item)
+            flow = b.flows[key] = _new_flow(b.limits.ordering)
+        self._seq += 1
+        item.seq = self._seq
+        flow.push(item)
         item.queued = True
         b.requests += 1
         b.bytes += item.size
@@ -138,7 +216,7 @@ class FlowQueue:
         if b is None:
             return None
         key, flow = next(iter(b.flows.items()))
-        item = flow.popleft()
+        item = flow.pop()
         if flow:
             b.flows.move_to_end(key)  # round robin: this flow waits for the others' turns
         else:
@@ -153,7 +231,7 @@ class FlowQueue:
         b = self._bands[item.priority]
         key = item.flow if b.limits.fairness == ROUND_ROBIN else DEFAULT_FLOW
         flow = b.flows[key]
-        flow.remove(item)  # O(flow length), bounded by the queue's capacity
+        flow.remove(item)
         if not flow:
             del b.flows[key]
         self._forget(b, item)

@@ -74,8 +74,6 @@ NOT_YET_IMPLEMENTED: dict[str, str] = {
     "inflight-load-producer": "in-flight load is counted by the EPP itself; no producer needed",
     "vllmgrpc-parser": "the vLLM gRPC protocol",
     "passthrough-parser": "raw passthrough parsing",
-    "edf-ordering-policy": "per-request TTLs (with the one defaultRequestTTL, EDF is FCFS)",
-    "slo-deadline-ordering-policy": "SLO-deadline ordering in flow control",
 }
 
 ENTRY_POINT_GROUP = "epp.plugins"

@@ -7,7 +7,13 @@ Upstream's types and defaults (gie-epp.md §3.3 "Flow-control plugins"); the que
   request each; the default here, since per-tenant fairness is what flow control is for
   (upstream's default is `global-strict-fairness-policy`).
 - `global-strict-fairness-policy`: the band is one FCFS queue whatever the fairness id.
-- `fcfs-ordering-policy`: within a flow, first come first served (the only ordering).
+- `fcfs-ordering-policy`: within a flow, first come first served (the default).
+- `edf-ordering-policy`: earliest deadline first, deadline = enqueue time + the request's
+  effective TTL (`x-llm-d-inference-ttl`, bounded by `defaultRequestTTL`); no TTL sorts
+  last; ties FCFS (GIE `ordering/edf/edf.go`). With one TTL for every request it is FCFS.
+- `slo-deadline-ordering-policy`: deadline = arrival + `x-slo-ttft-ms` (GIE
+  `ordering/slodeadline`): the request whose first token is due soonest goes first;
+  requests without the header after every one with it.
 - `static-usage-limit-policy`: dispatch while the pool's saturation < `threshold`; a
   sheddable request passes only below `sheddableThreshold` (not upstream's: its open
   ask for priority-based holdback, GIE #2265), so bursts of sheddable traffic leave room
@@ -19,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from epp.flowcontrol.queue import GLOBAL_STRICT, ROUND_ROBIN
+from epp.flowcontrol.queue import EDF, FCFS, GLOBAL_STRICT, ROUND_ROBIN, SLO_DEADLINE
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import NoParams, param
 from epp.scheduling.registry import Handle, register
@@ -49,6 +55,19 @@ class GlobalStrictFairness(_Policy):
 @register("fcfs-ordering-policy")
 class FcfsOrdering(_Policy):
     policy_kind = "ordering"
+    ordering = FCFS
+
+
+@register("edf-ordering-policy")
+class EdfOrdering(_Policy):
+    policy_kind = "ordering"
+    ordering = EDF
+
+
+@register("slo-deadline-ordering-policy")
+class SloDeadlineOrdering(_Policy):
+    policy_kind = "ordering"
+    ordering = SLO_DEADLINE
 
 
 @dataclass(frozen=True)

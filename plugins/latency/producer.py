@@ -17,7 +17,13 @@ XGBoost / Bayesian-ridge sidecars over HTTP; this one fits a linear model in-pro
   new samples arrived, refits in a worker thread (`asyncio.to_thread`) and swaps the
   coefficients in by one assignment. Outside a server `refit()` does it synchronously.
 
-Memory: `maxSamples` samples plus one weight vector per endpoint seen in them.
+Memory: `maxSamples` samples, one weight vector per endpoint seen in them, and the
+feature set's per-endpoint history (recent TTFT / TPOT / duration, kept for the pool's
+endpoints only).
+
+The fit minimises the squared relative error by default (`fitObjective: relative`): the
+absolute one let the long prompts' large errors set the weights and left short requests
+off by 30-140 % (docs/BENCHMARKS.md "Predictor accuracy per load level").
 Parameters are this EPP's: upstream's sidecar knobs (`samplingMean`, `contextTTL`, …) have
 no meaning here and are refused as unknown.
 """
@@ -37,22 +43,14 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
+from plugins.latency.features import FEATURE_SETS, EndpointHistory
 from plugins.latency.info import (
     LATENCY_PREDICTION_KEY,
     LatencyPrediction,
     LatencyPredictionInfo,
     request_slo,
 )
-from plugins.latency.model import (
-    Coefficients,
-    ColdStart,
-    Sample,
-    SampleBuffer,
-    fit,
-    predict,
-    tpot_features,
-    ttft_features,
-)
+from plugins.latency.model import Coefficients, ColdStart, Sample, SampleBuffer, fit, predict
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 
 log = logging.getLogger("epp.latency")
@@ -84,6 +82,18 @@ class PredictedLatencyParams:
     slo_buffer_factor: float = param(
         1.0, min=0.1, doc="predictions are multiplied by this before the SLO comparison"
     )
+    features: str = param(
+        "basic",
+        choices=tuple(sorted(FEATURE_SETS)),
+        doc="feature set (plugins/latency/features.py): basic = queue counts, KV use, "
+        "in-flight tokens; queue = + queueing and per-endpoint speed terms",
+    )
+    fit_objective: str = param(
+        "relative",
+        choices=("relative", "absolute"),
+        doc="least squares on the relative error (what MAPE and the SLO test measure) "
+        "or on the absolute error in ms",
+    )
 
 
 @register("predicted-latency-producer")
@@ -95,6 +105,11 @@ class PredictedLatencyProducer(Plugin):
         super().__init__(name)
         self.params = params
         self.buffer = SampleBuffer(params.max_samples)
+        self.features = FEATURE_SETS[params.features]
+        self.history = EndpointHistory()
+        self._relative = params.fit_objective == "relative"
+        self._pool = handle.pool
+        handle.on_pool_change(self._pool_changed)
         self.coefficients = Coefficients()
         self.cold = ColdStart(params.cold_prefill_tokens_per_second, params.cold_tpot_ms)
         self._fitted_at = 0  # buffer.added when the last fit started
@@ -108,11 +123,12 @@ class PredictedLatencyProducer(Plugin):
         prefix = state.read(PREFIX_MATCH_KEY)
         prompt = request.prompt_tokens_estimate
         coef = self.coefficients  # one read: a concurrent swap cannot mix two fits
+        f, h = self.features, self.history
         out: dict[str, LatencyPrediction] = {}
         for e in endpoints:
             cached = prefix.cached_tokens(e.name) if isinstance(prefix, PrefixMatchInfo) else 0
             ttft, tpot, learned = predict(
-                coef, self.cold, e.name, ttft_features(e, max(0, prompt - cached)), tpot_features(e)
+                coef, self.cold, e.name, f.ttft(e, max(0, prompt - cached), h), f.tpot(e, h)
             )
             out[e.name] = LatencyPrediction(ttft, tpot, learned)
         slo_ttft, slo_tpot = request_slo(
@@ -121,6 +137,9 @@ class PredictedLatencyProducer(Plugin):
         return LatencyPredictionInfo(out, slo_ttft, slo_tpot, self.params.slo_buffer_factor)
 
     # -- learning -----------------------------------------------------------------
+
+    def _pool_changed(self) -> None:
+        self.history.retain({e.name for e in self._pool()})
 
     def post_response(
         self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
@@ -134,22 +153,35 @@ class PredictedLatencyProducer(Plugin):
         prompt = request.prompt_tokens_estimate
         share = 1.0 - response.cached_tokens / response.isl if response.isl > 0 else 1.0
         uncached = round(prompt * min(1.0, max(0.0, share)))
+        f, h = self.features, self.history
+        # The history as it is now, before this response joins it (what produce() used at
+        # pick time differs only by the requests that finished meanwhile).
         self.buffer.add(
             Sample(
                 endpoint.name,
-                ttft_features(endpoint, uncached),
-                tpot_features(endpoint),
+                f.ttft(endpoint, uncached, h),
+                f.tpot(endpoint, h),
                 response.ttft_ms,
                 response.itl_ms,
             )
+        )
+        h.observe(
+            endpoint.name,
+            response.ttft_ms,
+            response.itl_ms,
+            1000.0 * response.duration_s,
+            endpoint.metrics.running_requests,
         )
 
     def refit(self) -> Coefficients:
         """Fit on the buffer now and use the result (tests; the server's task uses the
         same code off the loop)."""
         self._fitted_at = self.buffer.added
-        self.coefficients = fit(self.buffer.copy(), self.params.min_samples)
+        self.coefficients = self._fit(self.buffer.copy())
         return self.coefficients
+
+    def _fit(self, samples: list[Sample]) -> Coefficients:
+        return fit(samples, self.params.min_samples, relative=self._relative)
 
     async def _refit_forever(self) -> None:
         while True:
@@ -159,7 +191,7 @@ class PredictedLatencyProducer(Plugin):
             self._fitted_at = self.buffer.added
             samples = self.buffer.copy()
             try:
-                coef = await asyncio.to_thread(fit, samples, self.params.min_samples)
+                coef = await asyncio.to_thread(self._fit, samples)
             except Exception:  # a singular fit must not end learning for good
                 log.exception("latency model refit failed; keeping the previous fit")
                 continue

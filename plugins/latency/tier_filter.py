@@ -56,8 +56,9 @@ class SloHeadroomTierFilter(Plugin):
         known = [e for e in endpoints if e.name in info.predictions]
         if len(known) != len(endpoints):
             return endpoints
-        positive = [e for e in endpoints if info.meets(e.name)]
-        negative = [e for e in endpoints if not info.meets(e.name)]
+        positive, negative = [], []
+        for e in endpoints:
+            (positive if info.meets(e.name) else negative).append(e)
         if positive and negative:
             if self.rng.random() < self.params.epsilon_explore_neg:
                 return negative

@@ -26,21 +26,25 @@ LONG = {"model": "tiny", "prompt": "a long job", "max_tokens": 60}  # ~0.5 s of 
 SHIPPED = Path(__file__).resolve().parents[2] / "config" / "flow-control.yaml"
 
 
-@pytest.fixture(scope="module")
-def flow_stack(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fc")
+def flow_args(d: Path) -> list[str]:
+    """`epp serve` arguments: objectives, and the shipped config with the detector's limit
+    set to the sims' 2 slots each (SIM_ARGS --max-num-seqs 2): 2 servers take 4 requests,
+    the rest wait in the EPP."""
     objectives = d / "objectives.yaml"
     objectives.write_text(
         "objectives:\n- {name: critical, priority: 100}\n- {name: standard, priority: 0}\n"
         "- {name: batch, priority: -1}\n"
     )
-    # The shipped config, with the detector's limit set to the sims' 2 slots each
-    # (SIM_ARGS --max-num-seqs 2): 2 servers take 4 requests, the rest wait in the EPP.
     text = SHIPPED.read_text()
     assert "maxConcurrency: 16" in text
     cfg = d / "flow-control.yaml"
     cfg.write_text(text.replace("maxConcurrency: 16", "maxConcurrency: 2"))
-    args = ["--objectives", str(objectives), "--config", str(cfg)]
+    return ["--objectives", str(objectives), "--config", str(cfg)]
+
+
+@pytest.fixture(scope="module")
+def flow_stack(tmp_path_factory):
+    args = flow_args(tmp_path_factory.mktemp("fc"))
     with LocalStack(n_sims=2, sim_args=SIM_ARGS, epp_args=args) as st:
         yield st
 
@@ -91,3 +95,32 @@ async def test_overload_holds_standard_sheds_batch_and_serves_critical(flow_stac
     assert [r.status for r in done] == [200] * 24
     assert left == 0
     assert after == before + 1  # the quitter left the queue when its client went away
+
+
+async def test_buffered_body_mode_queues_requests_and_honours_their_ttl_header(tmp_path):
+    """Envoy's `request_body_mode: BUFFERED` (the whole body in one message; the EPP answers
+    the headers at once, before it has the body) with flow control: requests held in the
+    EPP's queue are routed with their bodies once slots free, and one whose
+    `x-llm-d-inference-ttl` runs out first gets the EPP's 503 through Envoy."""
+    slow = {"model": "tiny", "prompt": "a long job", "max_tokens": 200}  # ~1.6 s each
+    with LocalStack(
+        n_sims=2, sim_args=SIM_ARGS, epp_args=flow_args(tmp_path), request_body_mode="BUFFERED"
+    ) as st:
+        url, murl = st.url, st.epp_metrics_url
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            # 4 run (2 slots x 2 servers), 4 wait in the EPP
+            load = [asyncio.create_task(send(s, url, slow, headers=STANDARD)) for _ in range(8)]
+            for _ in range(600):
+                if await metric(s, murl, "inference_extension_flow_control_queue_size") >= 4:
+                    break
+                await asyncio.sleep(0.05)
+            # behind 4 queued requests of ~1.6 s each: 50 ms cannot be enough
+            impatient = await send(
+                s, url, SHORT, headers=STANDARD | {"x-llm-d-inference-ttl": "50ms"}
+            )
+            done = await asyncio.gather(*load)
+    assert impatient.status == 503, impatient.body
+    err = impatient.json()["error"]
+    assert "waited 0.05s" in err["message"] and "x-llm-d-inference-ttl header" in err["message"]
+    assert [r.status for r in done] == [200] * 8
+    assert all(r.json()["usage"]["completion_tokens"] == 200 for r in done)  # bodies kept

@@ -27,8 +27,9 @@ from epp.datastore import Datastore, Endpoint
 from epp.errors import EppError
 from epp.flowcontrol import metrics as fm
 from epp.flowcontrol.config import FlowControlConfig
-from epp.flowcontrol.controller import FlowController
-from epp.headers import FAIRNESS_ID, OBJECTIVE
+from epp.flowcontrol.controller import FlowController, effective_ttl
+from epp.flowcontrol.queue import EDF, BandLimits
+from epp.headers import FAIRNESS_ID, INFERENCE_TTL, OBJECTIVE
 from epp.request import new_request, parse_body
 from epp.scheduling.registry import Handle
 from epp.serve import EppServer, ServeOptions
@@ -46,8 +47,9 @@ def setup(
     return FlowController(cfg or FlowControlConfig(), detector, ds, OBJECTIVES, "pool-t"), ds
 
 
-def req(objective: str, fairness: str | None = None):
+def req(objective: str, fairness: str | None = None, **extra: str):
     headers = {OBJECTIVE: objective} | ({FAIRNESS_ID: fairness} if fairness else {})
+    headers |= {k.replace("_", "-"): v for k, v in extra.items()}
     return parse_body(
         new_request(headers, "/v1/completions", "POST"), b'{"model":"m","prompt":"hi"}'
     )
@@ -163,6 +165,57 @@ async def test_waiting_past_the_ttl_gets_503_with_an_openai_body():
     err = openai_error(e.value)
     assert err["type"] == "service_unavailable" and "waited 0.01s" in err["message"]
     assert (len(fc.queue), fc.queue.bytes) == (0, 0)
+
+
+def test_the_ttl_header_can_shorten_the_configured_ttl_but_never_lengthen_it():
+    def eff(value: str | None, default: float = 30.0) -> float:
+        extra = {"x_llm_d_inference_ttl": value} if value is not None else {}
+        return effective_ttl(req("normal", **extra), default)
+
+    assert INFERENCE_TTL == "x-llm-d-inference-ttl"  # llm-d-router's name
+    assert eff(None) == 30.0
+    assert eff(" 2s ") == 2.0  # trimmed, as upstream
+    assert eff("1m30s") == 30.0  # 90 s asked, bounded by the configured 30 s
+    assert eff("90s", default=0.0) == 90.0  # no configured bound: the header alone
+    for bad in ("soon", "0s", "-1s", "5", ""):
+        assert eff(bad) == 30.0, bad  # ignored: the default applies
+
+
+async def test_a_request_with_a_short_ttl_header_expires_first_and_says_why():
+    fc, ds = setup(FlowControlConfig(ttl=30.0))
+    ds.acquire("a")  # never released
+    patient = asyncio.create_task(fc.acquire(req("normal"), 10))
+    with pytest.raises(EppError) as e:
+        await fc.acquire(req("normal", x_llm_d_inference_ttl="10ms"), 10)
+    assert e.value.status == 503
+    assert "waited 0.01s" in e.value.message and "x-llm-d-inference-ttl header" in e.value.message
+    assert not patient.done() and len(fc.queue) == 1  # the other one waits on (30 s)
+    patient.cancel()
+    await asyncio.gather(patient, return_exceptions=True)
+
+
+async def test_edf_band_releases_the_earliest_deadline_first():
+    fc, ds = setup(FlowControlConfig(ttl=60.0, default_band=BandLimits(ordering=EDF)))
+    ds.acquire("a")  # saturated
+    order: list[str] = []
+
+    async def client(tag: str, ttl: str | None) -> None:
+        extra = {"x_llm_d_inference_ttl": ttl} if ttl else {}
+        await fc.acquire(req("normal", **extra), 10)
+        order.append(tag)
+        ds.acquire("a")
+
+    # arrive in this order; deadlines: none → 60 s (the default), 20 s, 5 s, 20 s
+    tasks = []
+    for tag, ttl in (("default", None), ("20s-a", "20s"), ("5s", "5s"), ("20s-b", "20s")):
+        tasks.append(asyncio.create_task(client(tag, ttl)))
+        await settle()
+    for _ in range(4):
+        ds.release("a")
+        fc.capacity_freed()
+        await settle()
+    await asyncio.gather(*tasks)
+    assert order == ["5s", "20s-a", "20s-b", "default"]
 
 
 def evicted_cancelled() -> float:

@@ -1,5 +1,6 @@
 """Flow control's pure parts: the queue's order and bounds, and the `flowControl:` section."""
 
+import math
 import random
 
 import pytest
@@ -8,7 +9,7 @@ from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
 from epp.flowcontrol.config import duration, quantity
-from epp.flowcontrol.queue import GLOBAL_STRICT, BandLimits, FlowQueue, Item
+from epp.flowcontrol.queue import EDF, GLOBAL_STRICT, SLO_DEADLINE, BandLimits, FlowQueue, Item
 from epp.scheduling.registry import Handle
 
 
@@ -53,6 +54,50 @@ def test_global_strict_band_is_one_fcfs_queue():
     q = FlowQueue(100, 10_000, default_band=BandLimits(fairness=GLOBAL_STRICT))
     fill(q, [(0, "a"), (0, "a"), (0, "a"), (0, "b")])
     assert drain(q) == ["a0#0", "a0#1", "a0#2", "b0#3"]
+
+
+def deadline_items(q: FlowQueue, deadlines: list[tuple[str, float, float]]) -> list[Item]:
+    """(name, ttl deadline, slo deadline) pushed in this order, one flow, priority 0."""
+    items = [Item(0, "a", 10, payload=n, ttl_deadline=t, slo_deadline=d) for n, t, d in deadlines]
+    for item in items:
+        q.push(item)
+    return items
+
+
+def test_edf_serves_the_earliest_ttl_deadline_first_then_fcfs_and_no_deadline_last():
+    q = FlowQueue(100, 10_000, default_band=BandLimits(ordering=EDF))
+    inf = math.inf
+    # arrival order: late(30), none, soon(5), tie-1(10), tie-2(10), none-2
+    deadline_items(
+        q,
+        [
+            ("late", 30, 1),
+            ("none", inf, 1),
+            ("soon", 5, 9),
+            ("tie-1", 10, 1),
+            ("tie-2", 10, 1),
+            ("none-2", inf, 1),
+        ],
+    )
+    assert drain(q) == ["soon", "tie-1", "tie-2", "late", "none", "none-2"]
+
+
+def test_slo_deadline_orders_by_the_ttft_deadline_not_the_ttl():
+    q = FlowQueue(100, 10_000, default_band=BandLimits(ordering=SLO_DEADLINE))
+    deadline_items(q, [("loose", 1, 20.0), ("no-slo", 1, math.inf), ("tight", 99, 0.3)])
+    assert drain(q) == ["tight", "loose", "no-slo"]
+
+
+def test_deadline_flows_remove_and_round_robin_like_fifo_ones():
+    q = FlowQueue(100, 10_000, default_band=BandLimits(ordering=EDF))
+    a = [Item(0, "a", 10, payload=f"a{d}", ttl_deadline=d) for d in (3.0, 1.0, 2.0)]
+    b = [Item(0, "b", 10, payload=f"b{d}", ttl_deadline=d) for d in (9.0, 8.0)]
+    for item in a + b:
+        q.push(item)
+    assert q.remove(a[1]) is True and q.remove(a[1]) is False  # a1 expired
+    assert (len(q), q.bytes) == (4, 40)
+    # flows take turns (a first: it became non-empty first); each in deadline order
+    assert drain(q) == ["a2.0", "b8.0", "a3.0", "b9.0"]
 
 
 def test_removing_a_waiting_item_keeps_the_rest_in_order_and_counts_right():
@@ -115,6 +160,23 @@ def test_upstream_section_loads_with_quantities_durations_and_policy_refs():
     assert cfg.bands[100] == BandLimits(500, 5 * 2**30, "round-robin")
     assert cfg.default_band == BandLimits(5000, 2**30, GLOBAL_STRICT)
     assert cfg.ceiling == 0.9
+
+
+def test_ordering_policy_refs_choose_the_band_ordering():
+    cfg = load(
+        "featureGates: [flowControl]\n"
+        "plugins:\n- {name: deadline, type: edf-ordering-policy}\n"
+        "flowControl:\n  defaultPriorityBand: {orderingPolicyRef: slo-deadline-ordering-policy}\n"
+        "  priorityBands:\n  - {priority: 100, orderingPolicyRef: deadline}\n"
+        "  - {priority: 5, orderingPolicyRef: fcfs-ordering-policy}\n"
+    ).flow_control
+    assert cfg.bands[100].ordering == EDF
+    assert cfg.bands[5].ordering == "fcfs"
+    assert cfg.default_band.ordering == SLO_DEADLINE
+    assert "is not an ordering policy; use one of edf-ordering-policy" in error(
+        "featureGates: [flowControl]\nflowControl: {priorityBands: [{priority: 1, "
+        "orderingPolicyRef: round-robin-fairness-policy}]}\n"
+    )
 
 
 def test_holdback_threshold_for_sheddable_requests():

@@ -153,3 +153,94 @@ async def test_background_refit_swaps_in_a_model():
     finally:
         await p.stop()
     assert p.coefficients.samples == 100
+
+
+def test_relative_fit_learns_a_law_whose_values_span_three_orders_of_magnitude():
+    # y = 10 + 100·x for x in 0..99: 10 ms to ~10 s. The relative fit weights each row by
+    # 1/y; its ridge penalty must shrink with those weights (it once stayed at the
+    # unweighted size and flattened the slope, predicting ~100 ms for 10 s).
+    samples = [Sample("a", (1.0, float(x)), (1.0,), 10.0 + 100.0 * x, math.nan) for x in range(100)]
+    for relative in (True, False):
+        coef = fit(samples, min_samples=8, relative=relative)
+        assert coef.ttft is not None
+        assert coef.ttft[1] == pytest.approx(100.0, rel=1e-3), relative
+    # the relative fit also gets the small end right (the absolute one's ridge moves the
+    # 10 ms intercept by ~0.5 ms, 5 %, which it does not weigh)
+    assert coef_rel(samples)[0] == pytest.approx(10.0, rel=1e-3)
+
+
+def coef_rel(samples):
+    coef = fit(samples, min_samples=8, relative=True).ttft
+    assert coef is not None
+    return coef
+
+
+def test_relative_fit_favours_small_relative_errors_over_small_absolute_ones():
+    # Two regimes a linear law cannot both fit: short requests at 10 ms (x=0) and long ones
+    # at 1000 or 3000 ms (x=1, half each). Absolute least squares takes the mean of each
+    # regime: 10 and 2000 ms. Relative least squares weights the long rows by 1/y, so at
+    # x=1 it minimises ((p-1000)/1000)² + ((p-3000)/3000)²: 9(p-1000) + (p-3000) = 0,
+    # p = 1200 ms (a 20 % and a 60 % miss instead of 100 % and 33 %).
+    rows = [Sample("a", (1.0, 0.0), (1.0,), 10.0, math.nan)] * 50
+    rows += [Sample("a", (1.0, 1.0), (1.0,), 1000.0, math.nan)] * 25
+    rows += [Sample("a", (1.0, 1.0), (1.0,), 3000.0, math.nan)] * 25
+    absolute = fit(rows, min_samples=8, relative=False).ttft
+    relative = fit(rows, min_samples=8, relative=True).ttft
+    assert absolute is not None and relative is not None
+    assert sum(absolute) == pytest.approx(2000.0, rel=1e-3)
+    assert sum(relative) == pytest.approx(1200.0, rel=1e-3)
+    assert relative[0] == pytest.approx(10.0, rel=1e-3)
+
+
+def test_fit_objective_and_feature_set_are_parameters():
+    p = plugin("predicted-latency-producer", {"fitObjective": "absolute", "features": "queue"})
+    assert p.features.name == "queue" and not p._relative
+    info = produce(p, [snap("a", queue=2, inflight_prefill_tokens=300)])
+    # cold start reads the same columns in every set: (100 + 300) / 15928 tok/s
+    assert info.predictions["a"].ttft_ms == pytest.approx(1000 * 400 / 15928)
+    with pytest.raises(Exception, match="features"):
+        plugin("predicted-latency-producer", {"features": "xgboost"})
+
+
+def test_queue_features_scale_the_wait_by_the_endpoint_history():
+    from plugins.latency.features import QUEUE, EndpointHistory
+
+    h = EndpointHistory(alpha=0.5)
+    h.observe("a", 100.0, 20.0, 1000.0, running=4)  # first one sets the averages
+    h.observe("a", 300.0, math.nan, 2000.0, running=2)  # NaN TPOT leaves 20 ms
+    r = h.get("a")
+    assert r is not None
+    assert (r.ttft_ms, r.tpot_ms, r.duration_ms, r.slots) == (200.0, 20.0, 1500.0, 4)
+    e = replace(snap("a", queue=1, running=4, inflight_prefill_tokens=500), inflight_requests=7)
+    x = QUEUE.ttft(e, 100, h)
+    # ahead = max(7 in flight − 4 slots, 1 scraped waiting) = 3; wait = 3 · 1500 / 4 = 1125
+    assert x[6] == pytest.approx(1125.0)
+    assert x[7] == pytest.approx((100 + 500) * 20.0 / 1000)  # prefill work × recent TPOT
+    assert x[8] == 200.0
+    h.retain({"b"})  # a left the pool: its own history goes, the pool's average stays
+    assert h.get("a") is not None and h.get("a").slots == 4  # the pool-wide fallback
+    h2 = EndpointHistory()
+    assert h2.get("a") is None
+    assert QUEUE.ttft(e, 100, h2)[6:] == (0.0, 0.0, 0.0)  # no history yet: terms off
+
+
+def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
+    from epp.datastore import Endpoint
+    from epp.scheduling.params import parse_params
+    from epp.scheduling.registry import PLUGIN_TYPES, Handle
+
+    pool = [Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000)]
+    listeners = []
+    handle = Handle(
+        pool=lambda: pool, on_pool_change=lambda fn: listeners.append(fn) or (lambda: None)
+    )
+    spec = PLUGIN_TYPES.lookup("predicted-latency-producer")
+    p = spec.build("p", parse_params(spec.params, {"features": "queue"}), handle)
+    for name in ("a", "b"):
+        rec = RequestRecord(0.0, 10, 4, 50.0, 5.0, 0.2, endpoint=name)
+        p.post_response(completion(), rec, snap(name))
+    assert p.history._by.keys() == {"a", "b"}
+    pool = pool[:1]  # b left the pool
+    for fn in listeners:
+        fn()
+    assert p.history._by.keys() == {"a"}

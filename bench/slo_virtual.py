@@ -1,0 +1,247 @@
+"""SLO routing in virtual time: the EPP's real scheduler and configs over simulated servers,
+without processes or a wall clock (issue 10; the noise-free twin of bench/slo_routing.py).
+
+On a shared 2-core machine `bench/slo_routing.py` measures mostly CPU contention: the
+simulators' steps stretch, and the default profile's attainment ranged 55-78 % over runs
+of the same workload. Here the pool is `epp.sim.virtual.VirtualEngine` replicas (the
+simulator's scheduler and step costs: the same law `epp sim` follows) and every routing
+decision is made by the scheduler that `epp serve --config FILE` builds: the same
+plugins, producers, pre-request hooks and post-response learning (the latency producer's
+refit runs every `--refit-s` of virtual time). The EPP's view is rebuilt as in
+bench/predictor_accuracy.py: metrics scraped every `--scrape-ms`, in-flight requests /
+prompt tokens (until the first token) / expected output tokens counted per endpoint.
+
+Workload, pool and figures as in bench/slo_routing.py (same defaults): 70 % chats with
+`x-slo-ttft-ms` / `x-slo-tpot-ms`, 30 % long prompts with a loose TTFT SLO, three servers
+(the last 2x slower); attainment and goodput over the requests after `--warmup-s`.
+Several `--seeds` give independent workloads; the table shows the median over them.
+
+    .venv/bin/python bench/slo_virtual.py [--rates 6,10] [--setups default,prefix,slo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.predictor_accuracy import epp_view  # noqa: E402
+from epp.composition import install_plugins  # noqa: E402
+from epp.config.loader import load_config_file, load_default_config  # noqa: E402
+from epp.datastore import EndpointMetrics  # noqa: E402
+from epp.planner.window import RequestRecord  # noqa: E402
+from epp.request import InferenceRequest, new_request, parse_body  # noqa: E402
+from epp.scheduling.registry import Handle  # noqa: E402
+from epp.sim.config import SimConfig  # noqa: E402
+from epp.sim.virtual import VirtualEngine  # noqa: E402
+
+CONFIGS = {
+    "default": None,
+    "prefix": ROOT / "config" / "prefix-aware.yaml",
+    "slo": ROOT / "config" / "slo.yaml",
+}
+
+
+@dataclass
+class Sent:
+    """One routed request, in the units the EPP counts (its prompt estimate)."""
+
+    request: InferenceRequest
+    cls: str
+    isl: int  # the EPP's prompt estimate: what it holds as pending prefill
+    osl: int
+    arrival: float
+    snap: object  # the primary endpoint's snapshot at pick (post_response gets it)
+
+
+def workload(a: argparse.Namespace, rate: float, seed: int) -> list[tuple[float, str, str, int]]:
+    """(arrival, class, prompt, max tokens): bench/slo_routing.py's generator."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(5000)]
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= a.warmup_s + a.duration_s:
+            return out
+        if rng.random() < a.chat_share:
+            out.append(
+                (t, "chat", " ".join(rng.choice(words) for _ in range(a.chat_words)), a.chat_out)
+            )
+        else:
+            out.append(
+                (t, "long", " ".join(rng.choice(words) for _ in range(a.long_words)), a.long_out)
+            )
+
+
+def headers(a: argparse.Namespace, cls: str) -> dict[str, str]:
+    if cls == "chat":
+        return {"x-slo-ttft-ms": f"{a.chat_ttft_ms:g}", "x-slo-tpot-ms": f"{a.chat_tpot_ms:g}"}
+    return {"x-slo-ttft-ms": f"{a.long_ttft_ms:g}"}
+
+
+def meets(a: argparse.Namespace, cls: str, ttft_ms: float, tpot_ms: float) -> bool:
+    if cls == "chat":
+        return ttft_ms <= a.chat_ttft_ms and (tpot_ms != tpot_ms or tpot_ms <= a.chat_tpot_ms)
+    return ttft_ms <= a.long_ttft_ms
+
+
+def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, seed: int) -> dict:
+    handle = Handle(rng=random.Random(seed), clock=lambda: now)
+    registry = install_plugins()
+    loaded = (
+        load_default_config(handle, registry)
+        if config is None
+        else load_config_file(config, handle, registry)
+    )
+    refit = [p for p in loaded.plugins.values() if hasattr(p, "refit")]
+    base = dict(max_num_seqs=a.max_num_seqs, enable_prefix_caching=False)
+    fast = SimConfig(decode_ms_per_token=a.decode_ms, prefill_ms_per_token=a.prefill_ms, **base)
+    slow = SimConfig(
+        decode_ms_per_token=2 * a.decode_ms, prefill_ms_per_token=2 * a.prefill_ms, **base
+    )
+    engines = [VirtualEngine(c) for c in [fast] * (a.sims - 1) + [slow]]
+    scraped = [EndpointMetrics() for _ in engines]
+    sent: dict[int, Sent] = {}
+    reqs = workload(a, rate, seed)
+    end = a.warmup_s + a.duration_s
+    events: list[tuple[float, int, int]] = [(t, 2, rid) for rid, (t, *_) in enumerate(reqs)]
+    events += [(k * a.scrape_ms / 1000, 0, 0) for k in range(int(end * 1000 / a.scrape_ms) + 1)]
+    events += [(k * a.refit_s, 1, 0) for k in range(1, int(end / a.refit_s) + 1)]
+    heapq.heapify(events)
+    results: list[tuple[str, float, float, float]] = []  # (class, arrival, ttft, tpot)
+    routed = [0] * len(engines)
+    now = 0.0
+
+    def collect(t: float) -> None:
+        for i, eng in enumerate(engines):
+            eng.advance_to(t)
+            for f in eng.drain_finished():
+                s = sent.pop(f.rid)
+                ttft, tpot = 1000 * f.ttft_s, (1000 * f.itl_s if f.osl >= 2 else math.nan)
+                results.append((s.cls, s.arrival, ttft, tpot))
+                rec = RequestRecord(
+                    f.finish, f.isl, f.osl, ttft, tpot, f.duration_s, endpoint=f"e{i}"
+                )
+                for plugin in loaded.post_response:
+                    plugin.post_response(s.request, rec, s.snap)
+
+    while events:
+        now, kind, rid = heapq.heappop(events)
+        collect(now)
+        if kind == 0:
+            for i, eng in enumerate(engines):
+                ld = eng.load()
+                scraped[i] = EndpointMetrics(
+                    waiting_queue_size=ld.waiting,
+                    running_requests=ld.running,
+                    kv_cache_usage=ld.kv_usage,
+                    update_time=now,
+                )
+        elif kind == 1:
+            for plugin in refit:
+                plugin.refit()
+        else:
+            t, cls, prompt, out = reqs[rid]
+            body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": out}).encode()
+            request = parse_body(new_request(headers(a, cls), "/v1/completions", "POST"), body)
+            view = epp_view(engines, scraped, sent)
+            state = loaded.scheduler.prepare(request)
+            result = loaded.scheduler.schedule(request, view, state)
+            for plugin in loaded.pre_request:
+                plugin.pre_request(request, result)
+            pick = result.primary.targets[0]
+            i = int(pick.name[1:])
+            sent[rid] = Sent(request, cls, request.prompt_tokens_estimate, out, t, pick)
+            engines[i].add(rid, len(prompt.split()), out, t)
+            routed[i] += 1
+    for eng in engines:
+        eng.advance_to(math.inf)
+    collect(math.inf)
+    measured = [r for r in results if r[1] >= a.warmup_s]
+    row: dict = {"setup": setup, "rate": rate, "seed": seed, "n": len(measured), "routed": routed}
+    ok = [meets(a, c, ttft, tpot) for c, _, ttft, tpot in measured]
+    row["attainment"] = sum(ok) / len(measured)
+    row["goodput_rps"] = sum(ok) / a.duration_s
+    for cls in ("chat", "long"):
+        rs = [(r, m) for r, m in zip(measured, ok, strict=True) if r[0] == cls]
+        ttfts = sorted(r[2] for r, _ in rs)
+        row[f"{cls}_attain"] = sum(m for _, m in rs) / max(1, len(rs))
+        row[f"{cls}_ttft_mean"] = statistics.fmean(ttfts)
+        row[f"{cls}_ttft_p99"] = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--setups", default="default,prefix,slo")
+    p.add_argument("--setup", action="append", default=[], help="NAME=CONFIG (repeatable)")
+    p.add_argument("--rates", default="6,10")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--sims", type=int, default=3)
+    p.add_argument("--warmup-s", type=float, default=15.0)
+    p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--chat-share", type=float, default=0.7)
+    p.add_argument("--chat-words", type=int, default=40)
+    p.add_argument("--chat-out", type=int, default=16)
+    p.add_argument("--chat-ttft-ms", type=float, default=150.0)
+    p.add_argument("--chat-tpot-ms", type=float, default=30.0)
+    p.add_argument("--long-words", type=int, default=1500)
+    p.add_argument("--long-out", type=int, default=32)
+    p.add_argument("--long-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--decode-ms", type=float, default=10.0)
+    p.add_argument("--prefill-ms", type=float, default=0.2)
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--scrape-ms", type=float, default=50.0)
+    p.add_argument("--refit-s", type=float, default=2.0)
+    p.add_argument("--json", help="write every run here")
+    a = p.parse_args()
+    configs: dict[str, Path | None] = dict(CONFIGS)
+    for spec in a.setup:
+        name, sep, path = spec.partition("=")
+        if not sep or not Path(path).is_file():
+            p.error(f"--setup {spec!r}: expected NAME=CONFIG_PATH of an existing file")
+        configs[name] = Path(path)
+    setups = a.setups.split(",")
+    unknown = [s for s in setups if s not in configs]
+    if unknown:
+        p.error(f"unknown setup(s) {unknown}; known: {', '.join(configs)}")
+    rows = []
+    for rate in (float(r) for r in a.rates.split(",")):
+        for seed in (int(s) for s in a.seeds.split(",")):
+            for setup in setups:
+                rows.append(run(a, setup, configs[setup], rate, seed))
+                print(json.dumps(rows[-1]), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(f"\nmedians over seeds {a.seeds}")
+    print(
+        "| rate | setup | attainment | goodput req/s | chat attain | chat TTFT mean / p99 ms "
+        "| long attain | long TTFT mean / p99 ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for rate in (float(r) for r in a.rates.split(",")):
+        for setup in setups:
+            rs = [r for r in rows if r["setup"] == setup and r["rate"] == rate]
+
+            def med(k: str, rs: list[dict] = rs) -> float:
+                return statistics.median(r[k] for r in rs)
+
+            print(
+                f"| {rate:g} | {setup} | {med('attainment'):.1%} | {med('goodput_rps'):.2f} "
+                f"| {med('chat_attain'):.1%} | {med('chat_ttft_mean'):.0f} / "
+                f"{med('chat_ttft_p99'):.0f} | {med('long_attain'):.1%} | "
+                f"{med('long_ttft_mean'):.0f} / {med('long_ttft_p99'):.0f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
