@@ -103,6 +103,7 @@ class SlaMode:
         self._cache_share = 0.0
         self._since_up = 1_000_000
         self._sized: dict[Role, deque[tuple[float, int]]] = {r: deque() for r in self._roles}
+        self._seeded = False
         self._peak: dict[Role, tuple[float, float]] = {r: (-math.inf, 0.0) for r in self._roles}
 
     # -- the step ---------------------------------------------------------------------
@@ -122,7 +123,7 @@ class SlaMode:
             self._correct(obs, diag)
         pred = self._forecast()
         sized, demand, notes = self._size(pred, diag)
-        targets, why = self._hysteresis(now, sized, have)
+        targets, why = self._hysteresis(now, sized, have, obs.start)
         diag |= {
             "p_correction": self.p_correction,
             "d_correction": self.d_correction,
@@ -324,16 +325,22 @@ class SlaMode:
 
     # -- 8. hysteresis -------------------------------------------------------------------
     def _hysteresis(
-        self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int]
+        self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int], start: float
     ) -> tuple[dict[Role, int], list[str]]:
         """Up at once; down only to the largest target sized within the window, not
-        within the reversal guard of a scale-up, and not below the burst floor."""
+        within the reversal guard of a scale-up, and not below the burst floor. The
+        first interval seeds the window with the count the planner found (at the
+        interval's start), as the HPA does (`maybeInitScaleDownStabilizationWindow`,
+        laws/hpa.py): a planner turned on does not scale down before it has a
+        window's worth of its own targets."""
         out: dict[Role, int] = {}
         notes: list[str] = []
         window, guard = self._x.scale_down_window, self._x.reversal_guard
         for r in self._roles:
             want, now_n = sized.get(r, 0), have.get(r, 0)
             recent = self._sized[r]
+            if not self._seeded:
+                recent.append((start, have.get(r, 0)))
             while recent and recent[0][0] <= now - window and recent[0][0] < now - guard:
                 recent.popleft()
             recent.append((now, want))
@@ -358,6 +365,7 @@ class SlaMode:
                 )
             else:
                 notes.append(f"{r.value} wants {want}: held at {now_n} by the burst floor")
+        self._seeded = True
         if not notes:
             notes.append("no change")
         return out, notes

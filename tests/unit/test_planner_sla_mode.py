@@ -339,3 +339,11 @@ def test_the_burst_floor_holds_capacity_through_the_gaps_and_decays_without_burs
     d = epp(pool="aggregated", scale_down_window=0, burst_floor_half_life=600)
     d.step(60, obs(60, completions=2400, osl=600, replicas=agg(1)))
     assert "burst floor" in d.step(120, obs(120, replicas=agg(6))).reason
+
+
+def test_the_first_window_is_seeded_with_the_count_found_as_the_hpa_does():
+    # A planner turned on over 5 replicas sees an idle minute (sized 1): the window
+    # (180 s) holds the 5 found at the first interval's start (0 s) until t = 180,
+    # where 0 is no longer inside (0, 180]: 5, 5, then 1.
+    pol = epp(pool="aggregated", scale_down_window=180)
+    assert [pol.step(t, obs(t, replicas=agg(5))).targets[A] for t in (60, 120, 180)] == [5, 5, 1]
