@@ -30,6 +30,7 @@ from epp.planner.laws.oracle import Oracle
 from epp.planner.outcome import Sla, Summary, summarize
 from epp.planner.pool import PoolShape, Spares
 from epp.planner.replay import Arrival, Progress, Run, replay
+from epp.planner.sla_pick import request_sla
 from epp.planner.static import (
     Sizer,
     Sizing,
@@ -60,6 +61,9 @@ class Setup:
     budget_gpus: int | None = None  # the planners' GPU budget (None: unbounded)
     median_isl: int = 1  # of the trace: what a profile of the server should target
     median_osl: int = 1
+    # how the SLA was set: "given", "intervals" (`Sizer.default_sla`: p90s in every
+    # interval) or "requests" (`sla_pick.request_sla` on static-peak's run)
+    sla_rule: str = "intervals"
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,28 @@ def prepare(
     mean = sizer.smallest_pool(sla, mean_segment(arrivals, interval_s))
     isl = sorted(a.isl for a in arrivals)[len(arrivals) // 2]
     osl = sorted(a.osl for a in arrivals)[len(arrivals) // 2]
-    return Setup(shape, sla, picked, interval_s, peak, mean, median_isl=isl, median_osl=osl)
+    return Setup(
+        shape, sla, picked, interval_s, peak, mean, median_isl=isl, median_osl=osl,
+        sla_rule="intervals" if picked else "given",
+    )  # fmt: skip
+
+
+def pick_request_sla(
+    arrivals: Sequence[Arrival],
+    setup: Setup,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+) -> tuple[Setup, Result]:
+    """Replay static-peak (sized on the interval pick) and set the SLA to the tightest
+    one it meets per request (`sla_pick.request_sla`): the setup every policy is then
+    judged on, and static-peak's result judged on it (to reuse, not replay again)."""
+    peak = static_peak(arrivals, setup, seed=seed, spares=spares, progress=progress)
+    sla = request_sla(peak.run.served, setup.sla, setup.interval_s, lost=peak.run.lost)
+    setup = dataclasses.replace(setup, sla=sla, sla_rule="requests")
+    summary = summarize(peak.run, sla, setup.interval_s, budget_gpus=setup.budget_gpus)
+    return setup, Result(summary, peak.run, peak.initial, peak.note)
 
 
 def run_policy(

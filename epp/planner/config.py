@@ -200,6 +200,21 @@ class BeyondParams:
         "within this window, so a smaller target must hold for the whole window and no "
         "scale-down follows a scale-up sooner (the HPA/AIBrix APA 300 s default)",
     )
+    reversal_guard: float = param(
+        600.0,
+        min=0.0,
+        doc="a role scales down only after more than this many seconds without sizing its "
+        "current count or above (the window with the judge's boundary: issue 15 counts a "
+        "change of direction within 600 s, inclusive, as a reversal, so at 600 no scale-up "
+        "is reversed by a scale-down); 0: the window alone",
+    )
+    burst_floor_half_life: float = param(
+        0.0,
+        min=0.0,
+        doc="seconds: a role scales down no lower than its recent peak target decayed by half "
+        "every this many seconds (a burst-aware floor: capacity held through the gap between "
+        "bursts shorter than a start-up); 0: off",
+    )
     startup_time: float = param(
         120.0,
         min=0.0,

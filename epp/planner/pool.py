@@ -20,11 +20,20 @@ LRU of block ids as large as its KV cache; a walk stops at the first block no re
 has). Scores read the engines' exact state at the arrival, where GIE reads metrics
 scraped every 50 ms; at these arrival rates the difference is one step's progress.
 
+Fleet scale (issue 15): routing reads every ready replica at every arrival, but most
+replicas are inside a planned decode run that nothing needs carried out yet. The pool
+keeps a heap of each engine's `due_after` time and advances only the engines whose
+time has passed; the others are read in closed form at the arrival (`load(at)`). The
+ready list and the replicas that may change state (starting, draining) are kept as
+they change instead of filtered from every replica per arrival. `lazy=False` walks
+every replica as before: the tests check both give the same replay to the bit.
+
 Pure: no clock, no I/O; the caller moves time forward.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import OrderedDict
@@ -61,6 +70,8 @@ class Replica:
     last_finish: float = 0.0
     in_flight: int = 0  # requests routed here and not yet finished
     prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    seq: int = 0  # start order (the order every per-replica walk keeps)
+    due_version: int = 0  # the pool's heap entry for this replica that is current
 
     def gpu_seconds(self, start: float, end: float) -> float:
         """GPU-seconds this replica held within [start, end)."""
@@ -116,6 +127,7 @@ class Pool:
         role: Role = Role.AGGREGATED,
         seed: int = 0,
         spares: Spares | None = None,
+        lazy: bool = True,
     ) -> None:
         self.shape = shape
         self.role = role
@@ -126,6 +138,11 @@ class Pool:
         self.steps = 0  # engine steps of retired replicas (the rest: ask their engines)
         self._next = 0
         self._prefix_capacity = max(1, shape.sim.kv_capacity_tokens // shape.block_tokens)
+        self.lazy = lazy
+        self.now = 0.0  # the last advance_to target
+        self._due: list[tuple[float, int, int, Replica]] = []  # (due_after, version, seq, r)
+        self._ready: list[Replica] | None = None  # READY replicas in start order (cache)
+        self._pending: list[Replica] = []  # STARTING or DRAINING: what update() looks at
 
     # -- membership --------------------------------------------------------------------
 
@@ -137,8 +154,12 @@ class Pool:
         engine = self.spares.get(self.shape.sim, self.shape.block_tokens)
         ready_at = now if ready else now + self.shape.startup_s
         rep = Replica(name, self.role, engine, self.shape.gpus_per_replica, now, ready_at)
+        rep.seq = self._next - 1
         if ready:
             rep.state = State.READY
+            self._ready = None
+        else:
+            self._pending.append(rep)
         self.replicas.append(rep)
         self._live.append(rep)
         return rep
@@ -147,8 +168,19 @@ class Pool:
         return list(self._live)
 
     def of(self, state: State) -> list[Replica]:
+        if state is State.READY:
+            return list(self._ready_list())
         pool = self.replicas if state is State.GONE else self._live
         return [r for r in pool if r.state is state]
+
+    def _ready_list(self) -> list[Replica]:
+        if self._ready is None:
+            self._ready = [r for r in self._live if r.state is State.READY]
+        return self._ready
+
+    def load(self, r: Replica) -> Load:
+        """`r`'s load now (as of the last `advance_to`)."""
+        return r.engine.load(self.now)
 
     def counts(self) -> Replicas:
         c = {s: 0 for s in State}
@@ -159,15 +191,19 @@ class Pool:
     def update(self, now: float) -> None:
         """Starting replicas whose delay has passed become ready; drained ones free
         their GPUs (at their last completion)."""
+        if not self._pending:
+            return
         gone = False
-        for r in self._live:
+        for r in self._pending:  # in start order, as every walk of the replicas
             if r.state is State.STARTING and r.ready_at <= now:
                 r.state = State.READY
+                self._ready = None
             elif r.state is State.DRAINING and r.in_flight == 0:
                 r.state = State.GONE
                 r.released_at = max(r.last_finish, r.drain_from)
                 self._retire(r)
                 gone = True
+        self._pending = [r for r in self._pending if r.state in (State.STARTING, State.DRAINING)]
         if gone:
             self._prune()
 
@@ -203,52 +239,80 @@ class Pool:
             self._retire(r)
             excess -= 1
         self._prune()
+        self._ready = None
         named = {n: i for i, n in enumerate(prefer_drain)}
         order = sorted(
             ready,
             key=lambda r: (
                 named.get(r.name, len(named)),
                 r.in_flight,
-                r.engine.load().in_flight_tokens,
+                r.engine.load(max(self.now, now)).in_flight_tokens,
                 r.name,
             ),
         )
         for r in order[:excess]:
             r.state = State.DRAINING
             r.drain_from = now
+        self._pending = sorted(
+            [r for r in self._pending if r.state is not State.GONE] + order[:excess],
+            key=lambda r: r.seq,
+        )
         return target - have
 
     # -- time --------------------------------------------------------------------------
 
     def advance_to(self, t: float) -> list[Finished]:
         """Run every live replica up to `t`; what completed (finish times may pass `t` by
-        the step in progress)."""
+        the step in progress). Lazily: only the engines due before `t` (module doc)."""
+        self.now = max(self.now, t)
         done: list[Finished] = []
-        for r in self._live:
-            if r.state is State.STARTING:
-                continue
-            r.engine.advance_to(t)
-            finished = r.engine.drain_finished()
-            if finished:
-                r.in_flight -= len(finished)
-                r.last_finish = max(r.last_finish, max(f.finish for f in finished))
-                done += finished
+        if not self.lazy:
+            for r in self._live:
+                if r.state is not State.STARTING:
+                    self._step(r, t, done)
+            return done
+        heap, moved = self._due, []
+        while heap and heap[0][0] < t:
+            _, version, _, r = heapq.heappop(heap)
+            if version == r.due_version and r.state is not State.GONE:
+                self._step(r, t, done)
+                moved.append(r)
+        for r in moved:
+            self._schedule(r)
         return done
+
+    def _step(self, r: Replica, t: float, done: list[Finished]) -> None:
+        r.engine.advance_to(t)
+        finished = r.engine.drain_finished()
+        if finished:
+            r.in_flight -= len(finished)
+            r.last_finish = max(r.last_finish, max(f.finish for f in finished))
+            done += finished
+
+    def _schedule(self, r: Replica) -> None:
+        """(Re)enter `r` in the heap at its engine's `due_after` (older entries lapse)."""
+        r.due_version += 1
+        due = r.engine.due_after()
+        if due < math.inf:
+            heapq.heappush(self._due, (due, r.due_version, r.seq, r))
 
     # -- routing -----------------------------------------------------------------------
 
     def route(self, rid: int, isl: int, osl: int, at: float, hash_ids: Sequence[int]) -> Replica:
         """Send a request to the best-scoring ready replica (call `advance_to(at)` first);
         raises LookupError when none is ready."""
-        ready = self.of(State.READY)
+        ready = self._ready_list()
         if not ready:
             raise LookupError("no ready replica")
-        loads = [r.engine.load() for r in ready]
-        scores = _scores(loads, self._prefix_matches(ready, hash_ids), len(hash_ids))
+        now = max(self.now, at)
+        signals = [r.engine.signals(now) for r in ready]
+        scores = _scores(signals, self._prefix_matches(ready, hash_ids), len(hash_ids))
         best = max(scores)
         tied = [i for i, s in enumerate(scores) if s == best]
         rep = ready[tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]]
         rep.engine.add(rid, isl, osl, at, hash_ids)
+        if self.lazy:
+            self._schedule(rep)
         rep.in_flight += 1
         self._remember(rep, hash_ids)
         return rep
@@ -278,7 +342,7 @@ class Pool:
     def endpoints(self) -> list[EndpointLoad]:
         out = []
         for r in self.of(State.READY):
-            load = r.engine.load()
+            load = r.engine.load(self.now)
             out.append(EndpointLoad(r.name, r.role, load.in_flight_requests, load.in_flight_tokens))
         return out
 
@@ -286,12 +350,13 @@ class Pool:
         return sum(r.gpu_seconds(start, end) for r in self.replicas)
 
 
-def _scores(loads: list[Load], matches: list[int], blocks: int) -> list[float]:
-    qs = [ld.waiting for ld in loads]
+def _scores(signals: list[tuple[int, float]], matches: list[int], blocks: int) -> list[float]:
+    """GIE's weighted sum per replica from (waiting, KV use) (`VirtualEngine.signals`)."""
+    qs = [w for w, _ in signals]
     lo, hi = min(qs), max(qs)
     out = []
-    for ld, m in zip(loads, matches, strict=True):
-        queue = 1.0 if hi == lo else (hi - ld.waiting) / (hi - lo)
+    for (waiting, kv), m in zip(signals, matches, strict=True):
+        queue = 1.0 if hi == lo else (hi - waiting) / (hi - lo)
         prefix = m / blocks if blocks else 0.0
-        out.append(QUEUE_WEIGHT * queue + KV_WEIGHT * (1.0 - ld.kv_usage) + PREFIX_WEIGHT * prefix)
+        out.append(QUEUE_WEIGHT * queue + KV_WEIGHT * (1.0 - kv) + PREFIX_WEIGHT * prefix)
     return out

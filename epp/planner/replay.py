@@ -129,14 +129,17 @@ def replay(
     max_tail_s: float = 3600.0,
     progress: Progress | None = None,
     spares: Spares | None = None,
+    lazy: bool = True,
 ) -> Run:
     """Replay `arrivals` (sorted by time) through `policy` on a pool that starts with
-    `initial` ready replicas of `shape`. `spares` lends idle engines across runs."""
+    `initial` ready replicas of `shape`. `spares` lends idle engines across runs;
+    `lazy=False` advances every replica at every arrival (`pool.Pool`, the reference
+    the lazy pool is tested against)."""
     if not arrivals:
         raise ValueError("no arrivals to replay")
     if initial < 0:
         raise ValueError("initial must be >= 0")
-    pool = Pool(shape, seed=seed, spares=spares)
+    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy)
     return _Replay(arrivals, policy, pool, initial, seed, max_tail_s, progress).run()
 
 
@@ -291,7 +294,7 @@ class _Replay:
 
     def _sample(self) -> None:
         ready = self.pool.of(State.READY)
-        loads = [r.engine.load() for r in ready]
+        loads = [self.pool.load(r) for r in ready]
         kv = math.fsum(ld.kv_usage for ld in loads) / len(loads) if loads else 0.0
         self.window.sample(
             [

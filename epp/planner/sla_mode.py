@@ -46,6 +46,16 @@ Per interval:
    window after a scale-up. The sized target is already the smallest count
    predicted to meet the SLA with the whole load on it, which is the N−1 test of
    #9294 (the remaining replicas absorb the N/(N−1) load).
+9. **Reversal guard** (`reversal-guard`, issue 15's "<= 1 reversal per 30 minutes"):
+   the window again, with the judge's boundary: a scale-down also waits until *more*
+   than the guard has passed since the role last sized at its current count or above
+   (`outcome.reversals` counts a change within 600 s, inclusive; a 600 s window lets
+   the down through at exactly 600 s). At 600 no scale-up is ever reversed by a
+   scale-down. **Burst-aware floor** (`burst-floor-half-life`): a scale-down stops at the
+   recent peak target decayed by half every half-life (`p <- max(n, p x 2^(-dt/h))`,
+   the floor ceil(p)): bursts shorter than a start-up cannot be met by scaling up when
+   they show (the replica arrives after the burst), only by capacity held through the
+   gap; the decay lets a pool whose bursts stop come down. Both only limit scale-downs.
 """
 
 from __future__ import annotations
@@ -93,6 +103,8 @@ class SlaMode:
         self._cache_share = 0.0
         self._since_up = 1_000_000
         self._sized: dict[Role, deque[tuple[float, int]]] = {r: deque() for r in self._roles}
+        self._seeded = False
+        self._peak: dict[Role, tuple[float, float]] = {r: (-math.inf, 0.0) for r in self._roles}
 
     # -- the step ---------------------------------------------------------------------
     def propose(self, now: float, obs: Observation) -> Proposal:
@@ -111,7 +123,7 @@ class SlaMode:
             self._correct(obs, diag)
         pred = self._forecast()
         sized, demand, notes = self._size(pred, diag)
-        targets, why = self._hysteresis(now, sized, have)
+        targets, why = self._hysteresis(now, sized, have, obs.start)
         diag |= {
             "p_correction": self.p_correction,
             "d_correction": self.d_correction,
@@ -313,32 +325,61 @@ class SlaMode:
 
     # -- 8. hysteresis -------------------------------------------------------------------
     def _hysteresis(
-        self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int]
+        self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int], start: float
     ) -> tuple[dict[Role, int], list[str]]:
-        """Up at once; down only to the largest target sized within the window."""
+        """Up at once; down only to the largest target sized within the window, not
+        within the reversal guard of a scale-up, and not below the burst floor. The
+        first interval seeds the window with the count the planner found (at the
+        interval's start), as the HPA does (`maybeInitScaleDownStabilizationWindow`,
+        laws/hpa.py): a planner turned on does not scale down before it has a
+        window's worth of its own targets."""
         out: dict[Role, int] = {}
         notes: list[str] = []
-        window = self._x.scale_down_window
+        window, guard = self._x.scale_down_window, self._x.reversal_guard
         for r in self._roles:
             want, now_n = sized.get(r, 0), have.get(r, 0)
             recent = self._sized[r]
-            while recent and recent[0][0] <= now - window:
+            if not self._seeded:
+                recent.append((start, have.get(r, 0)))
+            while recent and recent[0][0] <= now - window and recent[0][0] < now - guard:
                 recent.popleft()
             recent.append((now, want))
+            floor = self._burst_floor(r, now, want)
             if want >= now_n:
                 out[r] = want
                 if want > now_n:
                     notes.append(f"{r.value} {now_n}->{want}")
                 continue
-            held = max(n for _, n in recent)
-            out[r] = min(now_n, held)
+            held = max((n for t, n in recent if t > now - window), default=0)
+            guarded = max(n for t, n in recent if t >= now - guard)
+            out[r] = min(now_n, max(held, guarded, floor))
             if out[r] < now_n:
-                notes.append(f"{r.value} {now_n}->{out[r]} (largest target in {window:g} s)")
-            else:
+                why = f"largest target in {window:g} s" if held >= floor else "burst floor"
+                notes.append(f"{r.value} {now_n}->{out[r]} ({why})")
+            elif held >= now_n:
                 notes.append(f"{r.value} wants {want}: held at {now_n} by the last {window:g} s")
+            elif guarded >= now_n:
+                notes.append(
+                    f"{r.value} wants {want}: held at {now_n}, sized so within {guard:g} s "
+                    "(reversal guard)"
+                )
+            else:
+                notes.append(f"{r.value} wants {want}: held at {now_n} by the burst floor")
+        self._seeded = True
         if not notes:
             notes.append("no change")
         return out, notes
+
+    def _burst_floor(self, r: Role, now: float, want: int) -> int:
+        """The recent peak target, decayed by half every `burst-floor-half-life`
+        seconds, rounded up (0 when off)."""
+        half = self._x.burst_floor_half_life
+        if half <= 0:
+            return 0
+        at, peak = self._peak[r]
+        decayed = peak * 2.0 ** (-(now - at) / half) if peak > 0 else 0.0
+        self._peak[r] = (now, max(float(want), decayed))
+        return math.ceil(self._peak[r][1] - 1e-9)
 
 
 def _smooth(old: float, measured: float) -> float:

@@ -236,6 +236,9 @@ class VirtualEngine:
         # None after any change to the queues (a pool reads every replica per arrival)
         self._base: tuple[int, int, int, int] | None = None
         self._run_blocks: tuple[_DecodeRun, int, list[int]] | None = None
+        # started_before of the pending run, with the budgets it holds for: (run, lo, hi,
+        # m) means m for any lo < t - run.start <= hi (arrivals read it between steps)
+        self._started: tuple[_DecodeRun, float, float, int] | None = None
 
     def reset(self) -> None:
         """Become a fresh replica (empty queue, cold prefix cache, clock 0) without
@@ -258,6 +261,7 @@ class VirtualEngine:
         self._finished = []
         self._base = None
         self._run_blocks = None
+        self._started = None
 
     # -- requests ------------------------------------------------------------------------
 
@@ -327,13 +331,26 @@ class VirtualEngine:
             return run.start + run.total(run.steps)
         return math.inf if self.idle else self.clock
 
+    def due_after(self) -> float:
+        """A time up to which `advance_to` changes nothing but the time `load()` reads:
+        inside a decode run a hair before its last step starts (the run is carried out
+        when a target passes that start; the margin keeps float rounding on the early,
+        harmless side), otherwise the next step's start, `inf` when idle. A pool
+        advances only the engines whose time has come (`pool.Pool.advance_to`)."""
+        run = self._run
+        if run is not None:
+            return run.start + run.total(run.steps - 1) - 1e-9
+        return math.inf if self.idle else self.clock
+
     def drain_finished(self) -> list[Finished]:
         out, self._finished = self._finished, []
         return out
 
-    def load(self) -> Load:
-        """The load as of the last `advance_to` (exact inside a decode run too: the run
-        changes only the blocks held and the tokens left, both in closed form).
+    def load(self, at: float | None = None) -> Load:
+        """The load as of the last `advance_to`, or of time `at` if later when
+        `advance_to(at)` would change nothing else (`due_after`): exact inside a decode
+        run too, where the run changes only the blocks held and the tokens left, both in
+        closed form.
 
         The queues' part is kept until they change, and a run's new blocks are a
         lookup (`_run_new_blocks`): a pool reads every replica at every arrival, and
@@ -350,10 +367,54 @@ class VirtualEngine:
         waiting, running, used, tokens = base
         run = self._run
         if run is not None:
-            m = run.started_before(self._now)
+            m = self._started_before(run, self._now if at is None else max(self._now, at))
             tokens -= m * run.decodes
             used += self._run_new_blocks(run, m)
         return Load(waiting, running, used / self.kv.num_blocks, tokens)
+
+    def signals(self, at: float) -> tuple[int, float]:
+        """`load(at)`'s waiting requests and KV use only: what routing scores, read for
+        every ready replica at every arrival, without the tokens left or a `Load`."""
+        base = self._base
+        if base is None:
+            base = self.load(at)  # builds the queues' part, then the cheap path below
+            base = self._base
+            assert base is not None
+        used = base[2]
+        run = self._run
+        if run is not None:
+            now = self._now if self._now >= at else at
+            used += self._run_new_blocks(run, self._started_before(run, now))
+        return base[0], used / self.kv.num_blocks
+
+    def _started_before(self, run: _DecodeRun, t: float) -> int:
+        """`run.started_before(t)`, remembered with the budgets it holds for: the same
+        answer while `t - run.start` stays within (total(m - 1), total(m)], the very
+        comparisons `started_before` makes, so the cache cannot differ from it. Time
+        only moves on, so a later budget walks on from the remembered step (an arrival
+        comes a step or two later) instead of solving the quadratic again; `total` is
+        non-decreasing in m, so the walk stops where `started_before` would."""
+        budget = t - run.start
+        seen = self._started
+        if seen is not None and seen[0] is run and seen[1] < budget:
+            m, hi = seen[3], seen[2]
+            if budget <= hi:
+                return m
+            cap, total = run.steps, run.total
+            lo = hi
+            m += 1
+            hi = math.inf if m == cap else total(m)
+            while hi < budget:
+                lo = hi
+                m += 1
+                hi = math.inf if m == cap else total(m)
+            self._started = (run, lo, hi, m)
+            return m
+        m = run.started_before(t)
+        lo = -math.inf if m == 0 else (0.0 if m == 1 else run.total(m - 1))
+        hi = 0.0 if m == 0 else (math.inf if m == run.steps else run.total(m))
+        self._started = (run, lo, hi, m)
+        return m
 
     def _run_new_blocks(self, run: _DecodeRun, m: int) -> int:
         """`_new_blocks(m)` for the pending run by bisection: each running sequence takes

@@ -34,6 +34,7 @@ PLAIN = {
     "startup_time": 0,
     "forecast_quantile": 0.5,
     "scale_down_window": 0,
+    "reversal_guard": 0,
 }
 
 
@@ -256,3 +257,93 @@ def test_cache_aware_prefill_sizes_on_the_uncached_tokens():
     assert on.diagnostics["prefill_service_ms"] == pytest.approx(100.0)
     assert off.diagnostics["prefill_service_ms"] == pytest.approx(240.0)
     assert (on.targets[P], off.targets[P]) == (2, 3)
+
+
+# -- issue 15: reversal guard and burst-aware floor ----------------------------------------
+
+
+def run_script(pol, loads: list[int], start: int = 3) -> list[int]:
+    """Step `pol` once a minute on `loads` (requests per minute, OSL 600; 0 = idle),
+    carrying each decision out at once; the replica counts after each step."""
+    n, out = start, []
+    for i, reqs in enumerate(loads, start=1):
+        t = 60 * i
+        busy = obs(t, completions=reqs, osl=600, replicas=agg(n))
+        seen = busy if reqs else obs(t, replicas=agg(n))
+        n = pol.step(t, seen).targets[A]
+        out.append(n)
+    return out
+
+
+def reversals_of(counts: list[int], start: int, window_s: float = 600.0) -> int:
+    """outcome.reversals on a once-a-minute sequence: direction changes within 10 min."""
+    rev, prev_dir, prev_at, n = 0, 0, -1e9, start
+    for i, c in enumerate(counts, start=1):
+        if c != n:
+            d = 1 if c > n else -1
+            rev += bool(prev_dir and d != prev_dir and 60 * i - prev_at <= window_s)
+            prev_dir, prev_at, n = d, 60 * i, c
+    return rev
+
+
+def test_the_reversal_guard_holds_a_scale_down_for_ten_minutes_after_a_scale_up():
+    # 1200 req/min sizes 3 (20 req/s x 75 ms = 1.5 prefill + 20 x 600 / 10 000 = 1.2
+    # decode -> ceil(2.7) = 3); idle sizes 1 (min-endpoint). A burst at minute 1, idle
+    # after: with a 180 s window alone the pool is back to 1 at minute 4 (the 3 sized at
+    # 60 s leaves the window (60, 240]); with the 600 s guard the 3 is held while it is
+    # at most 600 s old, inclusive, as outcome.reversals counts: down at minute 12
+    # (720 - 60 = 660 s > 600), where a 600 s window would let it go at minute 11.
+    loads = [1200] + [0] * 12
+    window_only = run_script(epp(pool="aggregated", scale_down_window=180), loads, start=1)
+    guarded = run_script(
+        epp(pool="aggregated", scale_down_window=180, reversal_guard=600), loads, start=1
+    )
+    wide = run_script(epp(pool="aggregated", scale_down_window=600), loads, start=1)
+    assert window_only[:4] == [3, 3, 3, 1]
+    assert guarded[:11] == [3] * 11 and guarded[11] == 1
+    assert wide[:10] == [3] * 10 and wide[10] == 1
+    d = epp(pool="aggregated", reversal_guard=600)
+    d.step(60, obs(60, completions=1200, osl=600, replicas=agg(1)))
+    assert "(reversal guard)" in d.step(120, obs(120, replicas=agg(3))).reason
+
+
+def test_the_guard_cuts_reversals_on_a_load_flapping_across_a_boundary():
+    # Load alternating every 4 minutes between 1200 (3 replicas) and 2400 req/min
+    # (40 req/s: 3.0 + 2.4 -> 6): with the window alone (120 s) the pool follows every
+    # swing, each down within 10 minutes of the last up; guarded (600 s) it never
+    # scales down (a swing comes back within every 10 minutes): no reversal at all.
+    loads = ([1200] * 4 + [2400] * 4) * 4
+    loose = run_script(epp(pool="aggregated", scale_down_window=120), loads)
+    guarded = run_script(epp(pool="aggregated", scale_down_window=120, reversal_guard=600), loads)
+    assert reversals_of(loose, 3) >= 6
+    assert reversals_of(guarded, 3) == 0 and max(guarded) == 6
+
+
+def test_the_burst_floor_holds_capacity_through_the_gaps_and_decays_without_bursts():
+    # 2400 req/min sizes 6 (above). Bursts of one minute every 5 minutes, idle between
+    # (sized 1). Window 120 s, no guard: without the floor the pool drops to 1 in every
+    # gap. Floor half-life 600 s: peak 6 decays to 6 x 2^(-120/600) = 5.22 -> 6 at the
+    # first down (2 min after), 6 x 2^(-240/600) = 4.55 -> 5 at 4 min: the next burst
+    # meets 5 replicas, not 1. After the last burst (minute 16) the floor ceil(6 x
+    # 2^(-t/600)) is 1 once t >= 600 x log2(6) = 1551 s: the pool is at 1 within 30
+    # quiet minutes (at minute 50, t = 2040 s).
+    loads = ([2400] + [0] * 4) * 4 + [0] * 30
+    off = run_script(epp(pool="aggregated", scale_down_window=120), loads, start=1)
+    on = run_script(
+        epp(pool="aggregated", scale_down_window=120, burst_floor_half_life=600), loads, start=1
+    )
+    gaps = [i for i in range(20) if loads[i] == 0 and i % 5 == 4]  # each gap's last minute
+    assert [off[i] for i in gaps] == [1, 1, 1, 1]
+    assert [on[i] for i in gaps] == [5, 5, 5, 5]
+    assert on[-1] == 1 and min(on[:20]) >= 5
+    d = epp(pool="aggregated", scale_down_window=0, burst_floor_half_life=600)
+    d.step(60, obs(60, completions=2400, osl=600, replicas=agg(1)))
+    assert "burst floor" in d.step(120, obs(120, replicas=agg(6))).reason
+
+
+def test_the_first_window_is_seeded_with_the_count_found_as_the_hpa_does():
+    # A planner turned on over 5 replicas sees an idle minute (sized 1): the window
+    # (180 s) holds the 5 found at the first interval's start (0 s) until t = 180,
+    # where 0 is no longer inside (0, 180]: 5, 5, then 1.
+    pol = epp(pool="aggregated", scale_down_window=180)
+    assert [pol.step(t, obs(t, replicas=agg(5))).targets[A] for t in (60, 120, 180)] == [5, 5, 1]

@@ -224,3 +224,34 @@ def test_load_read_often_inside_runs_is_the_single_stepped_load():
                 checked += 1
         eng.add(rid, isl, osl, at, ids)
     assert checked > 100
+
+
+def test_reading_an_engine_not_yet_due_equals_advancing_it_first():
+    # Issue 15 item 3: a pool advances an engine only once `due_after()` has passed and
+    # reads the others at the arrival (`load(at)`, `signals(at)`). Against an engine
+    # advanced to every read time first: the same load to the bit, read every 7 ms
+    # (inside decode runs, across block boundaries), and the remembered step count
+    # equals `started_before`'s.
+    config = presets.config_for("llama-3.1-8b-h100", enable_prefix_caching=True)
+    reqs = workload(150, rate=25.0, seed=5, osl=(20, 300), shared=3)
+    events = sorted([(r[1], 0, r) for r in reqs] + [(0.007 * i, 1, None) for i in range(1000)])
+    ref, lazy = VirtualEngine(config, block_tokens=64), VirtualEngine(config, block_tokens=64)
+    skipped = 0
+    for at, kind, r in events:
+        ref.advance_to(at)
+        if lazy.due_after() < at:
+            lazy.advance_to(at)
+        else:
+            skipped += 1
+        if kind == 0:
+            rid, at, isl, osl, ids = r
+            ref.add(rid, isl, osl, at, ids)
+            lazy.add(rid, isl, osl, at, ids)
+            continue
+        want = ref.load()
+        assert lazy.load(at) == want
+        assert lazy.signals(at) == (want.waiting, want.kv_usage)
+        run = lazy._run
+        if run is not None:
+            assert lazy._started_before(run, at) == run.started_before(at)
+    assert skipped > 500  # most reads found the engine inside a run not yet due
