@@ -23,8 +23,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
-from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.cert_reload import CertReloader
+from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 

@@ -179,6 +179,7 @@ async def test_two_replicas_share_speculative_entries(tmp_path: Path):
                 return True
 
             await wait_for(pool_ready, 30, "both EPPs to see the simulators healthy")
+
             # A replica's SUB connects asynchronously: the first entries could be published
             # before the peer is connected (PUB drops them). Warm the channel with a request
             # of an unrelated prefix until a peer has applied one entry.

@@ -132,9 +132,9 @@ async def handshake(port: int, trusted: bytes) -> int:
 
 
 def reloads(outcome: str) -> float:
-    return REGISTRY.get_sample_value(
-        "epp_tls_certificate_reloads_total", {"outcome": outcome}
-    ) or 0.0
+    return (
+        REGISTRY.get_sample_value("epp_tls_certificate_reloads_total", {"outcome": outcome}) or 0.0
+    )
 
 
 async def test_rotated_certificates_serve_new_connections_and_open_streams_carry_on(tmp_path):

@@ -139,7 +139,7 @@ def test_a_headless_service_name_is_accepted():
     cfg = load_config_text(
         "plugins:\n- type: precise-prefix-cache-producer\n  parameters:\n"
         "    speculativeSyncBind: tcp://*:5558\n"
-        "    speculativeSyncPeers: [\"tcp://epp-sync.default.svc.cluster.local:5558\"]\n"
+        '    speculativeSyncPeers: ["tcp://epp-sync.default.svc.cluster.local:5558"]\n'
     )
     (prod,) = cfg.scheduler.producers
     assert prod.params.speculative_sync_peers == ["tcp://epp-sync.default.svc.cluster.local:5558"]
