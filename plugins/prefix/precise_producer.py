@@ -235,9 +235,10 @@ class PrecisePrefixCacheProducer(Plugin):
 
     def _on_peer_entry(self, endpoint: str, hashes: list[int], ttl: float) -> None:
         """A peer replica routed a request to `endpoint`: the same speculative entry here
-        (an endpoint this replica does not have is skipped)."""
+        (an endpoint this replica does not have is skipped). It lives at most this
+        replica's own TTL, which keeps the index's expiry queue in order."""
         if endpoint in self._pool_names:
-            self.index.add_speculative(endpoint, hashes, ttl)
+            self.index.add_speculative(endpoint, hashes, min(ttl, self.ttl))
 
     # ---- Lifecycle: the KV-event subscriber -----------------------------------
     async def start(self) -> None:
