@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -256,13 +257,18 @@ def main() -> None:
         "| errors |"
     )
     print("|---|---|---|---|---|---|---|---|")
+
+    def cell(x: float, spec: str) -> str:
+        # A setup that refused nothing has no time to a 429: a dash, not "nan".
+        return "–" if math.isnan(x) else format(x, spec)
+
     for s, r in med.items():
         print(
             f"| {s} | {r['critical_ttft_p50']:.0f} / {r['critical_ttft_p90']:.0f} / "
             f"{r['critical_ttft_p99']:.0f} | {r['critical_slo']:.1%} "
             f"| {r['sheddable_ok']:.0f} of {r['sheddable_n']:.0f} | {r['sheddable_429']:.0f} "
-            f"| {r['to_429_p50']:.1f} / {r['to_429_p99']:.1f} "
-            f"| {r['epp_429_within_0.5ms']:.1%} | {r['errors']:.0f} |"
+            f"| {cell(r['to_429_p50'], '.1f')} / {cell(r['to_429_p99'], '.1f')} "
+            f"| {cell(r['epp_429_within_0.5ms'], '.1%')} | {r['errors']:.0f} |"
         )
     if "flow" in rows and "none" in rows:
         # Paired: each repeat's none / flow ratio (same minute), then their median.
