@@ -164,8 +164,9 @@ async def test_two_replicas_share_speculative_entries(tmp_path: Path):
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
 
             async def applied() -> float:
+                """The fewest entries either replica has applied from its peer."""
                 name = "epp_prefix_spec_sync_messages_total"
-                return sum([await metric_sum(http, e, name, 'outcome="applied"') for e in epps])
+                return min([await metric_sum(http, e, name, 'outcome="applied"') for e in epps])
 
             async def attempts(epp: str) -> float:
                 return await metric_sum(http, epp, "inference_extension_scheduler_attempts_total")
@@ -181,13 +182,14 @@ async def test_two_replicas_share_speculative_entries(tmp_path: Path):
             await wait_for(pool_ready, 30, "both EPPs to see the simulators healthy")
 
             # A replica's SUB connects asynchronously: the first entries could be published
-            # before the peer is connected (PUB drops them). Warm the channel with a request
-            # of an unrelated prefix until a peer has applied one entry.
+            # before the peer is connected (PUB drops them). Warm both directions with
+            # requests of an unrelated prefix (Envoy alternates the replicas) until each
+            # replica has applied one entry from the other.
             async def channel_up() -> bool:
                 await post_ok(http, envoy.url, system_prompt("warm-up") + question(0))
                 return await applied() >= 1
 
-            await wait_for(channel_up, 30, "a replica to apply its peer's speculative entry")
+            await wait_for(channel_up, 30, "each replica to apply its peer's speculative entry")
             handled0 = [await attempts(e) for e in epps]
             placed: dict[str, Counter] = {}
             for g in range(groups):
