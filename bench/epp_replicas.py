@@ -15,6 +15,13 @@ token) and stops it. The configurations run in rotating order every round, so dr
 shared machine hits all alike; each round's ratio to the same round's 1-EPP window is
 taken, and the medians over rounds are reported with the load average before and after.
 
+CPU time per request says more than req/s on a shared machine (a starved window serves
+fewer requests, but each costs about the same CPU): per window the EPPs' and Envoy's CPU
+milliseconds per completed request, and the EPPs' again net of what they burn idle
+(scraping the pool), sampled over `--idle` seconds before the load starts with the stack
+up and no requests; K EPPs idle K times the scrape loop, so only the net figure compares
+across K.
+
     .venv/bin/python bench/epp_replicas.py [--rounds 3] [--duration 8] [--concurrency 32]
         [--configs 1,2,4,1tls]
 """
@@ -80,6 +87,12 @@ def window(
             )
         url = envoy.url + "/v1/completions"
         OVERHEAD._check_route(url)
+        epp_pids = [p.pid for p in pg.processes if p.name.startswith("epp")]
+        idle0, t0 = sum(OVERHEAD.cpu_seconds(p) for p in epp_pids), time.perf_counter()
+        time.sleep(args.idle)
+        idle_cores = (sum(OVERHEAD.cpu_seconds(p) for p in epp_pids) - idle0) / (
+            time.perf_counter() - t0
+        )
         pids = {p.name: p.pid for p in pg.processes if p.name.startswith("epp")}
         pids |= {"envoy": envoy.process.pid, "sim": sim_pg.processes[0].pid}
         argv = [
@@ -104,6 +117,13 @@ def window(
         "epp_cores": epp_cpu / elapsed,
         "envoy_cores": cpu["envoy"] / elapsed,
         "foreign_cores": max(0.0, cpu["machine"] - ours) / elapsed,
+        # CPU ms per completed request (NaN if none completed)
+        "epp_ms_per_req": epp_cpu * 1e3 / done if done else float("nan"),
+        "epp_net_ms_per_req": (
+            max(0.0, epp_cpu - idle_cores * elapsed) * 1e3 / done if done else float("nan")
+        ),
+        "envoy_ms_per_req": cpu["envoy"] * 1e3 / done if done else float("nan"),
+        "epp_idle_cores": idle_cores,
     }
 
 
@@ -112,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per window")
     ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument(
+        "--idle", type=float, default=3.0, help="seconds the EPPs' idle CPU is sampled (3)"
+    )
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--configs", default="1,2,4,1tls", help="comma list: N EPPs, Ntls = TLS")
     ap.add_argument("--scrape-interval", type=float, default=0.25, help="EPP scrape period (0.25)")
@@ -135,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(
                     f"{time.strftime('%H:%M:%S')} round {r + 1} {label(c)}: {row['rps']:.0f} "
                     f"req/s, p50 {row['p50_ms']:.1f} ms, EPP {row['epp_cores']:.2f} cores, "
+                    f"EPP {row['epp_net_ms_per_req']:.2f} CPU-ms/req net of idle, "
                     f"errors {row['errors']}\n"
                 )
     load_after = os.getloadavg()
@@ -154,8 +178,9 @@ def table(rows, configs, args, load_before, load_after) -> str:
         f"{args.scrape_interval:g} s; medians",
         "",
         "| EPPs | req/s | ratio to 1 EPP (same round) | p50 ms | EPP cores | Envoy cores "
-        "| other load (cores) | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        "| other load (cores) | EPP CPU-ms/req | EPP CPU-ms/req net of idle (idle cores) "
+        "| Envoy CPU-ms/req | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in configs:
         rs = rows[c]
@@ -164,6 +189,8 @@ def table(rows, configs, args, load_before, load_after) -> str:
         out.append(
             f"| {label(c)} | {med['rps']:.0f} | {ratio:.2f} | {med['p50_ms']:.1f} | "
             f"{med['epp_cores']:.2f} | {med['envoy_cores']:.2f} | {med['foreign_cores']:.2f} "
+            f"| {med['epp_ms_per_req']:.2f} | {med['epp_net_ms_per_req']:.2f} "
+            f"({med['epp_idle_cores']:.3f}) | {med['envoy_ms_per_req']:.2f} "
             f"| {sum(r['errors'] for r in rs)} |"
         )
     return "\n".join(out)

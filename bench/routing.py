@@ -30,7 +30,9 @@ seeded request sequence, sent through:
   Envoy (active-active, `start_epps_behind_envoy`); each keeps its own approximate index,
   and `epp-precise@K` runs the producer in connect mode: every simulator replica binds its
   own KV-events port and every EPP dials all of them (so `epp-precise@1` is the same
-  delivery with one EPP);
+  delivery with one EPP); with K > 1 the replicas also share their speculative entries
+  (`speculativeSyncBind`/`speculativeSyncPeers`, one config per replica);
+  `epp-precise-nosync@K` is the same without that sharing (each replica's own entries only);
 - `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
   `--router` gives its binary) with `--policy cache_aware` / `--policy power_of_two`,
   over the same 8 URLs (no Envoy: it is a proxy itself).
@@ -116,6 +118,7 @@ CONFIGS = {
     "epp-sticky": "prefix-aware.yaml",
     "epp-rr": "epp-rr.yaml",
 }
+REPLICA_ONLY = {"epp-precise-nosync"}  # setups that exist only as NAME@K
 MATRIX_SETUPS = "rr,lr,epp-load,epp-approx,epp-sticky,epp-precise"
 
 # Named workloads (`--scenario`, `--matrix`), each with its own defaults; explicit flags
@@ -522,9 +525,11 @@ def start_epp(
     args: argparse.Namespace,
     n_epps: int = 1,
     kv_base: int | None = None,
+    per_epp_configs: list[Path] | None = None,
 ) -> str:
     """`n_epps` replicas behind one Envoy; `kv_base`: label each endpoint with its own
-    KV-events port (kv_base + i) for a connect-mode producer."""
+    KV-events port (kv_base + i) for a connect-mode producer; `per_epp_configs`: replica
+    i reads the i-th (instead of `config`)."""
     endpoints = [f"--endpoint=sim-{i}={u.removeprefix('http://')}" for i, u in enumerate(urls)]
     if kv_base is not None:
         endpoints = [f"{e};epp.kv-events-port={kv_base + i}" for i, e in enumerate(endpoints)]
@@ -535,11 +540,13 @@ def start_epp(
         scrape += ["--refresh-metrics-max-interval", str(args.scrape_max_interval)]
     scrape += ["--metrics-staleness-threshold", str(args.staleness)]
     scrape += ["--scrape-timeout", str(args.scrape_timeout)]
+    common = [] if per_epp_configs else ["--config", str(config)]
     envoy, _ = start_epp_behind_envoy(
         pg,
-        [*endpoints, "--config", str(config), *scrape],
+        [*endpoints, *common, *scrape],
         response_path=args.response_path == "on",
         n_epps=n_epps,
+        per_epp_args=[["--config", str(c)] for c in per_epp_configs or ()],
     )
     return envoy.url
 
@@ -561,11 +568,36 @@ def connect_config(path: Path, block_size: int) -> None:
     path.write_text(text)
 
 
+def sync_configs(tmp: Path, n: int, block_size: int) -> list[Path]:
+    """`connect_config` for each of `n` replicas, sharing speculative entries: replica i
+    publishes on its own loopback port and dials all of them (itself included)."""
+    ports = [free_port() for _ in range(n)]
+    peers = ", ".join(f'"tcp://127.0.0.1:{p}"' for p in ports)
+    paths = []
+    for i, port in enumerate(ports):
+        base = tmp / "precise-connect.yaml"
+        connect_config(base, block_size)
+        text = base.read_text().replace(
+            "    speculativeTTL: 2s\n",
+            "    speculativeTTL: 2s\n"
+            f"    speculativeSyncBind: tcp://127.0.0.1:{port}\n"
+            f"    speculativeSyncPeers: [{peers}]\n",
+        )
+        assert "speculativeSyncBind" in text
+        paths.append(tmp / f"precise-connect-sync-{i}.yaml")
+        paths[-1].write_text(text)
+    return paths
+
+
 def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Path):
     setup, n_epps = split_setup(setup)
     if n_epps is not None:  # NAME@K: K replicas (connect-mode KV events for precise)
-        kv_base = free_port_range(args.servers) if setup == "epp-precise" else None
+        precise = setup in ("epp-precise", "epp-precise-nosync")
+        kv_base = free_port_range(args.servers) if precise else None
         urls = start_sims(pg, args, kv_base, kv_bind=True)
+        if setup == "epp-precise" and n_epps > 1:
+            configs = sync_configs(tmp, n_epps, 16)  # the 8B preset's block size
+            return start_epp(pg, urls, configs[0], args, n_epps, kv_base, configs), urls
         if setup == "epp-load":
             config = ROOT / "config" / "load-only.yaml"
         elif setup == "epp-random":
@@ -744,7 +776,8 @@ def _known_setup(setup: str) -> bool:
     base, _, k = setup.partition("@")
     if not k:
         return base in SETUPS
-    return base.startswith("epp-") and base in SETUPS and k.isdigit() and int(k) >= 1
+    known = base in SETUPS or base in REPLICA_ONLY
+    return base.startswith("epp-") and known and k.isdigit() and int(k) >= 1
 
 
 START_ATTEMPTS = 2  # a free port taken by another process between probe and bind

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -434,6 +435,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="directory with tls.crt and tls.key (a mounted kubernetes.io/tls Secret); "
         "implies --secure-serving",
     )
+    p.add_argument(
+        "--enable-cert-reload",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="re-read --cert-path's files when they change; new connections get the new "
+        "certificate, open ones keep theirs (default on with --cert-path; upstream's "
+        "flag, off there)",
+    )
     p.add_argument("--health-port", type=int, default=9003, help="gRPC health port (9003)")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (9090)")
     p.add_argument(
@@ -634,7 +643,15 @@ def tls_from_args(args: argparse.Namespace) -> ServerCert | None:
     if args.cert_path is not None:
         if args.secure_serving is False:
             raise TlsError("--cert-path and --no-secure-serving contradict; drop one")
-        return load_cert_dir(args.cert_path)
+        cert = load_cert_dir(args.cert_path)
+        if args.enable_cert_reload is False:
+            return cert
+        return dataclasses.replace(cert, reload_dir=args.cert_path)
+    if args.enable_cert_reload:
+        raise TlsError(
+            "--enable-cert-reload re-reads --cert-path; give --cert-path DIR (a self-signed "
+            "certificate is made once at start)"
+        )
     return self_signed() if args.secure_serving else None
 
 
@@ -745,6 +762,8 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
         ready, starting = sum(r.ready for r in have), sum(r.starting for r in have)
         pool += f" and the planner ({ready} replicas ready, {starting} starting)"
     tls = f" over TLS ({opts.tls.source} certificate)" if opts.tls else ""
+    if opts.tls is not None and opts.tls.reload_dir is not None:
+        tls = tls[:-1] + ", reloaded on change)"
     print(
         f"epp serving ext_proc on {opts.host}:{server.grpc_port}{tls} "
         f"(health {server.health_port}, metrics {server.metrics_port}) with {pool}",

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
+from epp.extproc.cert_reload import CertReloader
 from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
@@ -254,7 +255,11 @@ async def start_grpc_servers(
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, main)
     health_pb2_grpc.add_HealthServicer_to_server(health_reporter.servicer, main)
     if tls is not None:
-        bound_grpc = main.add_secure_port(f"{host}:{grpc_port}", server_credentials(tls))
+        if tls.reload_dir is not None:  # new handshakes get the files' current certificate
+            creds = CertReloader(tls.reload_dir, tls).credentials()
+        else:
+            creds = server_credentials(tls)
+        bound_grpc = main.add_secure_port(f"{host}:{grpc_port}", creds)
     else:
         bound_grpc = main.add_insecure_port(f"{host}:{grpc_port}")
     health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -34,6 +34,9 @@ class ServerCert:
     cert_pem: bytes
     key_pem: bytes
     source: str  # where it came from, for the log line
+    # --cert-path with reload on: the directory to re-read when its files change
+    # (epp/extproc/cert_reload.py); None: this certificate for the server's lifetime.
+    reload_dir: str | None = None
 
 
 def load_cert_dir(path: str | Path) -> ServerCert:

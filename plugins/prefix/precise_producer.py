@@ -19,7 +19,10 @@ is expressed in the most common size and other endpoints' matches are scaled to 
 
 After scheduling (`pre_request`), the picked endpoints (first target of every profile)
 get speculative entries for the request's blocks, living `speculativeTTL` seconds, so
-back-to-back requests sharing a prefix stick before the first event arrives.
+back-to-back requests sharing a prefix stick before the first event arrives. With several
+EPP replicas, `speculativeSyncBind` + `speculativeSyncPeers` share those entries between
+them (`spec_sync.py`: each publishes what it routed, applies what the others routed), so
+a follow-up that Envoy hands to another replica sticks too.
 
 Events arrive through `epp.datalayer.kvevents.KVEventSubscriber`, started and stopped
 with the server (`start`/`stop`); endpoints leaving the pool are forgotten.
@@ -47,6 +50,7 @@ from plugins.prefix.hashing import chain_seed, chain_tokens
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.prefix.pool_watch import PoolWatch
 from plugins.prefix.precise_index import PreciseIndex
+from plugins.prefix.spec_sync import SpecSync, check_bind, parse_peer
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +110,33 @@ class PrecisePrefixParams:
         doc="speculativeTTL: seconds (or 2s, 500ms) a speculative entry lives unconfirmed",
     )
 
+    speculative_sync_bind: str = param(
+        "",
+        doc="several EPP replicas: where this one publishes its speculative entries "
+        "(tcp://*:5558); empty: not shared",
+    )
+    speculative_sync_peers: list[str] = param(
+        default_factory=list,
+        doc="the replicas' publishers, tcp://HOST:PORT (a headless Service name reaches "
+        "every EPP pod; listing this replica too is fine)",
+    )
+
     def validate(self) -> None:
         parse_seconds(self.speculative_ttl)
+        if bool(self.speculative_sync_bind) != bool(self.speculative_sync_peers):
+            raise ValueError(
+                "speculativeSyncBind and speculativeSyncPeers go together: set both to "
+                "share speculative entries between EPP replicas, or neither"
+            )
+        if self.speculative_sync_bind:
+            if not self.speculative_indexing or self.ttl_seconds <= 0:
+                raise ValueError(
+                    "speculativeSyncBind shares speculative entries: it needs "
+                    "speculativeIndexing: true and a speculativeTTL above 0"
+                )
+            check_bind(self.speculative_sync_bind)
+            for peer in self.speculative_sync_peers:
+                parse_peer(peer)
 
     @property
     def ttl_seconds(self) -> float:
@@ -129,6 +158,8 @@ class PrecisePrefixCacheProducer(Plugin):
         self.ttl = params.ttl_seconds
         self.index = PreciseIndex(params.max_blocks_per_endpoint, handle.clock)
         self.subscriber: KVEventSubscriber | None = None
+        self.sync: SpecSync | None = None
+        self._pool_names: frozenset[str] = frozenset()
         self._pool_watch = PoolWatch(handle, self.prune)
 
     # ---- DataProducer -----------------------------------------------------
@@ -199,6 +230,15 @@ class PrecisePrefixCacheProducer(Plugin):
                 ids = self._token_ids(result.cycle_state, request)
                 hashes = chain_tokens(ids, size, _seed(request))
             self.index.add_speculative(snap.name, hashes, self.ttl)
+            if self.sync is not None:
+                self.sync.publish(snap.name, hashes, self.ttl)
+
+    def _on_peer_entry(self, endpoint: str, hashes: list[int], ttl: float) -> None:
+        """A peer replica routed a request to `endpoint`: the same speculative entry here
+        (an endpoint this replica does not have is skipped). It lives at most this
+        replica's own TTL, which keeps the index's expiry queue in order."""
+        if endpoint in self._pool_names:
+            self.index.add_speculative(endpoint, hashes, min(ttl, self.ttl))
 
     # ---- Lifecycle: the KV-event subscriber -----------------------------------
     async def start(self) -> None:
@@ -207,6 +247,7 @@ class PrecisePrefixCacheProducer(Plugin):
         h = self.handle
         p = self.params
         self._pool_watch.start()
+        self._pool_names = frozenset(e.name for e in h.pool())
         self.subscriber = KVEventSubscriber(
             self._on_batch,
             mode=p.mode,
@@ -218,6 +259,11 @@ class PrecisePrefixCacheProducer(Plugin):
         )
         try:
             await self.subscriber.start()
+            if p.speculative_sync_bind:
+                self.sync = SpecSync(
+                    p.speculative_sync_bind, p.speculative_sync_peers, self._on_peer_entry
+                )
+                await self.sync.start()
         except Exception:
             await self.stop()
             raise
@@ -229,11 +275,15 @@ class PrecisePrefixCacheProducer(Plugin):
 
     async def stop(self) -> None:
         self._pool_watch.stop()
+        if self.sync is not None:
+            sync, self.sync = self.sync, None
+            await sync.stop()
         if self.subscriber is not None:
             sub, self.subscriber = self.subscriber, None
             await sub.stop()
 
     def prune(self) -> None:
+        self._pool_names = frozenset(e.name for e in self.handle.pool())
         gone = self.index.retain(e.name for e in self.handle.pool())
         if gone:
             log.debug("precise prefix index: dropped endpoints no longer in the pool: %s", gone)

@@ -27,7 +27,9 @@ from a command template per role (`epp sim --port {port}`, or a real vLLM comman
   starts this connector; `follow()` mirrors the leader's statefile into the follower's
   datastore (the replicas whose recorded pid still runs its command), so every EPP
   routes over the same pool; the scraper's health gating keeps a replica that is still
-  loading out. `unfollow()` on taking over drops what was mirrored and not adopted.
+  loading out, and a replica the leader drains (`draining` in the statefile, saved when
+  the drain begins) is draining in every follower too, so none routes new requests to
+  it. `unfollow()` on taking over drops what was mirrored and not adopted.
 
 Replicas outlive an EPP that is killed (SIGKILL, crash), so a restart adopts them; a
 clean exit (`epp serve` stopping on SIGINT/SIGTERM) stops every replica it owns, so
@@ -309,6 +311,8 @@ class LocalConnector:
 
     def _begin_drain(self, w: Worker) -> None:
         w.state = DRAINING
+        w.record = dataclasses.replace(w.record, draining=True)
+        self._save()  # followers stop routing to it too (follow)
         self.datastore.set_draining(w.name)
         log.info("planner: draining %s (%d in flight)", w.name, self._inflight(w))
         w.task = asyncio.create_task(self._drain(w))
@@ -375,6 +379,7 @@ class LocalConnector:
             ep = self._endpoint(rec)
             if known.get(rec.name) != ep:
                 self.datastore.add_endpoint(ep)
+            self.datastore.set_draining(rec.name, rec.draining)
         self._mirrored = set(live)
 
     def unfollow(self) -> None:
@@ -433,9 +438,11 @@ class LocalConnector:
                 continue
             same = server and sidecar
             if same and await self._healthy(rec):
-                self._workers[rec.name] = Worker(rec, READY)
+                w = self._workers[rec.name] = Worker(rec, READY)
                 self.datastore.add_endpoint(self._endpoint(rec))
                 log.info("planner: adopted %s (pid %d, port %d)", rec.name, rec.pid, rec.port)
+                if rec.draining:  # the last leader's drain, carried on
+                    self._begin_drain(w)
             elif same:
                 log.warning(
                     "planner: %s (pid %d) runs but is not healthy; stopping it", rec.name, rec.pid

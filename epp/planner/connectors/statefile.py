@@ -6,7 +6,9 @@ Dynamo's local connector (LOAD-v0, seed 002, reference §6.3) kept
 JSON object: `{"version": 1, "workers": [{name, role, port, pid, argv, log}]}`; a decode
 replica with its P/D sidecar also has `server_port` (the decode server's own port; `port`
 is the sidecar's, the one the pool lists), `sidecar_pid` and `sidecar_argv` (files
-without them read as replicas without a sidecar).
+without them read as replicas without a sidecar). `draining` is true once the leader
+started draining the replica: followers mirror it, so no EPP routes new requests to a
+replica that is about to stop (files without it read as not draining).
 A worker is adopted only if its pid is alive *and* runs the recorded argv (a reused pid
 runs something else), its sidecar likewise, *and* it answers its health check; the
 connector checks that.
@@ -38,6 +40,7 @@ class WorkerRecord:
     server_port: int = 0  # the model server's own port when a sidecar fronts it; else 0
     sidecar_pid: int = 0  # 0: no sidecar
     sidecar_argv: tuple[str, ...] = ()
+    draining: bool = False  # the leader is draining it: out of every EPP's scheduling
 
 
 def encode(workers: Sequence[WorkerRecord]) -> str:
@@ -67,6 +70,7 @@ def decode(text: str, source: str = "statefile") -> list[WorkerRecord]:
                 server_port=int(w.get("server_port", 0)),
                 sidecar_pid=int(w.get("sidecar_pid", 0)),
                 sidecar_argv=tuple(str(a) for a in w.get("sidecar_argv", ())),
+                draining=w.get("draining", False) is True,
             )
             for w in raw["workers"]
         ]
