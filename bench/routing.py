@@ -91,6 +91,7 @@ SETUPS = [
     "epp-sticky",
     "epp-precise",
     "vr-cache",
+    "vr-kv",
     "vr-p2",
 ]
 LABELS = {
@@ -101,6 +102,7 @@ LABELS = {
     "epp-sticky": "(g) EPP sticky until saturated (prefix-aware)",
     "epp-precise": "(e) EPP precise prefix",
     "vr-cache": "(f) vllm-router cache_aware",
+    "vr-kv": "(f) vllm-router kv_aware (KV events)",
     "vr-p2": "(f) vllm-router power_of_two",
 }
 CONFIGS = {"epp-approx": "prefix-weighted.yaml", "epp-sticky": "prefix-aware.yaml"}
@@ -548,6 +550,8 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
             config = tmp / "precise-connect.yaml"
             connect_config(config, 16)  # the 8B preset's block size
         return start_epp(pg, urls, config, args, n_epps, kv_base), urls
+    if setup.startswith("vr-"):  # vllm-router: bench/routing_vr.py
+        return vr_module().start(pg, setup, args, start_sims)
     kv_port = free_port() if setup == "epp-precise" else None
     urls = start_sims(pg, args, kv_port)
     if setup in ("rr", "lr"):
@@ -569,14 +573,7 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
             config = tmp / "precise.yaml"
             precise_config(config, kv_port, 16)  # the 8B preset's block size
         return start_epp(pg, urls, config, args), urls
-    policy = {"vr-cache": "cache_aware", "vr-p2": "power_of_two"}[setup]
-    port = free_port()
-    argv = [args.router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
-    argv += ["--prometheus-port", str(free_port()), "--worker-urls", *urls]
-    argv += ["--request-timeout-secs", str(int(args.timeout_s) + 10), "--disable-retries"]
-    url = f"http://127.0.0.1:{port}"
-    pg.start(f"vllm-router-{policy}", argv, ready=HttpReady(url + "/health"), timeout=90)
-    return url, urls
+    raise AssertionError(f"no start for setup {setup}")
 
 
 # ---------------------------------------------------------------- main
@@ -741,12 +738,15 @@ def _run_setup_once(setup: str, args: argparse.Namespace, reqs: list[Req]) -> li
         t0 = time.perf_counter()
         run = asyncio.run(drive(setup, url, sim_urls, reqs, args))
         wall = time.perf_counter() - t0
+        router = vr_module().decisions(url) if setup.startswith("vr-") else {}
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / wall for name, pid in pids.items()}
         if len([n for n in cpu if n.startswith("epp")]) > 1:  # several replicas: their sum
             cpu["epp"] = sum(v for n, v in cpu.items() if n.startswith("epp"))
     rows = summarize(run, args)
     for r in rows:
         r["sim_cpu"], r["epp_cpu"] = cpu.get("sims"), cpu.get("epp")
+        if router:  # vllm-router's prefix decisions over the whole run, by outcome
+            r["router_decisions"] = router
     return rows
 
 
@@ -792,6 +792,8 @@ def run_scenario(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
                     f"hit {r['hit_rate']} wait {r['waiting']} err {r['errors']} "
                     f"cpu sim {r['sim_cpu']} epp {r['epp_cpu']}\n"
                 )
+            if got and "router_decisions" in got[0]:
+                sys.stderr.write(f"  vllm-router decisions: {got[0]['router_decisions']}\n")
         if runs:
             rows += [dict(r, scenario=args.scenario) for r in median_rows(runs)]
     return rows, skipped
@@ -825,6 +827,9 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         skipped.update({f"{name}/{k}": v for k, v in why.items()})
         print(describe(sargs))
         print(tables(got, sargs.rates))
+        for r in got:  # vllm-router: did it route on prefixes? (bench/routing_vr.py)
+            if "router_decisions" in r and r["rate"] == sargs.rates[0]:
+                print(f"\n{r['setup']}: vllm-router prefix decisions {r['router_decisions']}")
         print(flush=True)
         if args.json:  # after every scenario, so a long matrix cut short keeps what ran
             Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
@@ -840,6 +845,12 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         else:
             plot(rows, args.plot, with_scenario(args, args.scenario))
     return 0
+
+
+def vr_module():
+    """bench/routing_vr.py (the vllm-router setups), loaded once: it keeps each router's
+    metrics address from its start to the read after the run."""
+    return sys.modules.get("epp_bench_routing_vr") or load_sibling("routing_vr")
 
 
 def matrix_module():
