@@ -1,7 +1,8 @@
 """Routing on named workloads: Envoy alone, the EPP's scorers, vllm-router.
 
 `--scenario NAME` picks a workload with its own defaults (`SCENARIOS`: one-prefix,
-many-groups, zero-reuse, decode-bound, long-context, kv-pressure, multi-turn); `--matrix
+many-groups, zero-reuse, decode-bound, long-context, kv-pressure, multi-turn, and
+mooncake: the Mooncake trace replayed, bench/routing_trace.py); `--matrix
 a,b,...` runs several one after the other and ends with every setup's ratio to
 round-robin and the new default's verdict (bench/routing_matrix.py). The default scenario,
 many-groups, is a scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
@@ -28,9 +29,11 @@ seeded request sequence, sent through:
   and `epp-precise@K` runs the producer in connect mode: every simulator replica binds its
   own KV-events port and every EPP dials all of them (so `epp-precise@1` is the same
   delivery with one EPP);
-- `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
-  `--router` gives its binary) with `--policy cache_aware` / `--policy power_of_two`,
-  over the same 8 URLs (no Envoy: it is a proxy itself).
+- `vr-cache` / `vr-kv` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate
+  venv, `--router` gives its binary; skipped when absent) with `--policy cache_aware` /
+  `kv_aware` (fed by every simulator's KV events) / `power_of_two`, over the same 8 URLs
+  (no Envoy: it is a proxy itself); bench/routing_vr.py, which also reads its prefix
+  decisions from its metrics after the run.
 
 Time scale: the simulator runs `--time-scale S` times faster than real time. On a 2-core
 machine the limit is the CPU that Envoy, the EPP, the simulator and this client spend per
@@ -141,6 +144,9 @@ SCENARIOS: dict[str, dict[str, object]] = {
     "kv-pressure": dict(groups=96, questions=5, system_tokens=2000, question_tokens=200),
     # Sessions: each turn resends the whole conversation so far plus a new question.
     "multi-turn": dict(groups=64, turns=8, system_tokens=500, question_tokens=150),
+    # KV pressure from a real trace: Mooncake's last requests replayed (bench/routing_trace.py),
+    # 32 tokens per hash id; the pool's KV (8 x 16,384) holds ~1/5 of their working set.
+    "mooncake": dict(trace="mooncake", block_tokens=32, output_tokens=128),
 }
 WORKLOAD_DEFAULTS: dict[str, object] = dict(
     groups=48,
@@ -152,6 +158,8 @@ WORKLOAD_DEFAULTS: dict[str, object] = dict(
     kv_tokens=16384,
     time_scale=0.25,
     rates="25,50,75",
+    trace=None,
+    block_tokens=512,
 )
 SCENARIO_RATES = {
     "one-prefix": "20,40,60",
@@ -161,6 +169,7 @@ SCENARIO_RATES = {
     "long-context": "10,20,30",
     "kv-pressure": "25,50,75",
     "multi-turn": "30,60,90",
+    "mooncake": "20,40,60",
 }
 LOAD_CONFIG = (ROOT / "config" / "load-only.yaml").read_text()
 METRIC_RE = re.compile(
@@ -178,6 +187,7 @@ class Req:
     at: float  # real seconds after the start
     stage: int  # -1 = warm-up
     prompt: str
+    max_tokens: int | None = None  # a trace's own output length; None: --output-tokens
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -226,6 +236,8 @@ class Prompts:
 
 
 def workload(args: argparse.Namespace) -> list[Req]:
+    if args.trace:  # a replayed trace (bench/routing_trace.py)
+        return trace_module().workload(args, Req, words)
     rng = random.Random(args.seed)
     prompts = Prompts(args, rng)
     reqs, t = [], 0.0
@@ -276,6 +288,7 @@ class Run:
 async def one(
     http: aiohttp.ClientSession, url: str, model: str, req: Req, out: int, t0: float, run: Run
 ) -> Result:
+    out = req.max_tokens or out
     body = {"model": model, "prompt": req.prompt, "max_tokens": out, "stream": True}
     res = Result(req.stage, ok=False)
     start = time.perf_counter()
@@ -624,6 +637,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=None, help="> 0: multi-turn sessions")
     p.add_argument("--system-tokens", type=int, default=None)
     p.add_argument("--question-tokens", type=int, default=None)
+    p.add_argument(
+        "--trace-file",
+        help="replay this Mooncake-format JSONL instead of ../shared/traces' "
+        "(trace scenarios: mooncake)",
+    )
+    p.add_argument(
+        "--block-tokens", type=int, default=None, help="trace scenarios: tokens per hash id"
+    )
     p.add_argument("--output-tokens", type=int, default=None)
     p.add_argument("--servers", type=int, default=8)
     p.add_argument("--preset", default="llama-3.1-8b-h100")
@@ -663,6 +684,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "phases); off: no TTFT/ITL observations and in-flight counts end at routing (on)",
     )
     p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
+    p.set_defaults(trace=None)  # set by a trace scenario (SCENARIOS), not a flag
     p.add_argument("--json", help="write the summaries here")
     p.add_argument("--plot", help="write the TTFT p90 plot (PNG; matrix: the ratio grid) here")
 
@@ -800,6 +822,8 @@ def run_scenario(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
 
 
 def describe(args: argparse.Namespace) -> str:
+    if args.trace:
+        return trace_module().describe(args)
     shape = "unique prompts" if args.groups <= 0 else f"{args.groups} groups"
     if args.turns:
         shape = f"{args.groups} sessions x {args.turns} turns"
@@ -845,6 +869,11 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         else:
             plot(rows, args.plot, with_scenario(args, args.scenario))
     return 0
+
+
+def trace_module():
+    """bench/routing_trace.py (trace replay scenarios)."""
+    return sys.modules.get("epp_bench_routing_trace") or load_sibling("routing_trace")
 
 
 def vr_module():
