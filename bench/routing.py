@@ -169,7 +169,7 @@ SCENARIO_RATES = {
     "long-context": "10,20,30",
     "kv-pressure": "25,50,75",
     "multi-turn": "30,60,90",
-    "mooncake": "20,40,60",
+    "mooncake": "40,80,120",
 }
 LOAD_CONFIG = (ROOT / "config" / "load-only.yaml").read_text()
 METRIC_RE = re.compile(
