@@ -486,9 +486,14 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
 
 
 def start_sims(
-    pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None, kv_bind: bool = False
+    pg: ProcessGroup,
+    args: argparse.Namespace,
+    kv_port: int | None,
+    kv_bind: bool = False,
+    kv_extra: dict[str, object] | None = None,
 ) -> list[str]:
-    """`kv_bind`: each replica binds KV-events port kv_port + i (connect mode)."""
+    """`kv_bind`: each replica binds KV-events port kv_port + i (connect mode);
+    `kv_extra`: more keys of the KV-events config (vllm-router's empty topic)."""
     base = free_port_range(args.servers)
     argv = [*EPP_CMD, "sim", "--replicas", str(args.servers), "--port", str(base)]
     argv += ["--preset", args.preset, "--time-scale", str(args.time_scale)]
@@ -499,6 +504,7 @@ def start_sims(
             "enable_kv_cache_events": True,
             "publisher": "zmq",
             "endpoint": f"tcp://{'*' if kv_bind else '127.0.0.1'}:{kv_port}",
+            **(kv_extra or {}),
         }
         argv += ["--kv-events-config", json.dumps(cfg)]
     urls = [f"http://127.0.0.1:{base + i}" for i in range(args.servers)]

@@ -2,7 +2,10 @@
 
 - `vr-cache`: `--policy cache_aware` (its approximate radix tree of what it routed where);
 - `vr-kv`: `--policy kv_aware`, fed by every simulator's KV events (`--kv-event-source
-  WORKER_URL=tcp://127.0.0.1:PORT` per worker, each replica binding its own port);
+  WORKER_URL=tcp://127.0.0.1:PORT` per worker, each replica binding its own port and
+  publishing under the empty topic, vLLM's default: 0.1.17's static sources subscribe to
+  exactly that topic and skip messages under any other, such as the llm-d convention
+  `kv@host:port@model` the simulator uses by default);
 - `vr-p2`: `--policy power_of_two` (load only).
 
 vllm-router 0.1.17 does not tokenize an HTTP worker's requests itself: it asks the
@@ -40,7 +43,8 @@ def start(
     """A fresh pool and vllm-router in front of it; (proxy url, simulator urls)."""
     policy = POLICIES[setup]
     kv_base = free_port_range(args.servers) if setup == "vr-kv" else None
-    urls = start_sims(pg, args, kv_base, kv_bind=True)
+    # kv_aware subscribes with the empty topic and skips any other: publish under it.
+    urls = start_sims(pg, args, kv_base, kv_bind=True, kv_extra={"topic": None})
     port, prom = free_port(), free_port()
     argv = [args.router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
     argv += ["--prometheus-port", str(prom), "--worker-urls", *urls]
