@@ -13,7 +13,9 @@ worker's `/v1/completions/render` route for the token ids (the simulator has it,
 epp/sim/render_routes.py). Whether it then routed on prefixes is read from its own
 Prometheus port after the run (`vllm_router_prefix_routing_decisions_total` by outcome:
 `prefix_hit` / `prefix_miss` for cache_aware, `prefix_cost` for kv_aware; `missing_tokens`
-= no token ids, i.e. load balancing) and reported beside the setup's rows.
+= no token ids, i.e. load balancing; for kv_aware also `kv_lookup_hit` / `kv_lookup_miss`
+from `vllm_router_kv_placement_lookups_total`: did its KV-event index hold the blocks)
+and reported beside the setup's rows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ POLICIES = {"vr-cache": "cache_aware", "vr-kv": "kv_aware", "vr-p2": "power_of_t
 SIM_BLOCK_SIZE = 16  # the llama-3.1-8b-h100 preset's block size (epp/sim/presets.py)
 _DECISION = re.compile(
     r'^vllm_router_prefix_routing_decisions_total\{[^}]*outcome="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)',
+    re.MULTILINE,
+)
+# kv_aware: whether its KV-event index held the request's blocks (hit / miss per lookup)
+_LOOKUP = re.compile(
+    r'^vllm_router_kv_placement_lookups_total\{[^}]*result="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)',
     re.MULTILINE,
 )
 _METRICS: dict[str, str] = {}  # proxy url -> the router's Prometheus url
@@ -73,4 +80,7 @@ def decisions(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for outcome, value in _DECISION.findall(text):
         out[outcome] = out.get(outcome, 0.0) + float(value)
+    for result, value in _LOOKUP.findall(text):
+        key = f"kv_lookup_{result}"
+        out[key] = out.get(key, 0.0) + float(value)
     return out
