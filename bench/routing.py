@@ -471,11 +471,12 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("request rate (req/s, model time)")
     ax.set_ylabel("TTFT p90 (s, model time)")
-    ax.set_title(
-        f"Shared prefix: {args.groups} groups x {args.system_tokens}-token system prompt, "
-        f"8 x sim 8B/H100",
-        fontsize=9,
+    title = (
+        f"{args.trace} trace, {args.block_tokens} tokens per hash id"
+        if args.trace
+        else f"Shared prefix: {args.groups} groups x {args.system_tokens}-token system prompt"
     )
+    ax.set_title(f"{title}, {args.servers} x sim {args.preset}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
