@@ -1,7 +1,8 @@
 """Routing on named workloads: Envoy alone, the EPP's scorers, vllm-router.
 
 `--scenario NAME` picks a workload with its own defaults (`SCENARIOS`: one-prefix,
-many-groups, zero-reuse, decode-bound, long-context, kv-pressure, multi-turn); `--matrix
+many-groups, zero-reuse, decode-bound, long-context, kv-pressure, multi-turn, and
+mooncake: the Mooncake trace replayed, bench/routing_trace.py); `--matrix
 a,b,...` runs several one after the other and ends with every setup's ratio to
 round-robin and the new default's verdict (bench/routing_matrix.py). The default scenario,
 many-groups, is a scaled-down copy of llm-d's "73% capacity" benchmark (llm-d-kv-cache
@@ -33,9 +34,11 @@ seeded request sequence, sent through:
   delivery with one EPP); with K > 1 the replicas also share their speculative entries
   (`speculativeSyncBind`/`speculativeSyncPeers`, one config per replica);
   `epp-precise-nosync@K` is the same without that sharing (each replica's own entries only);
-- `vr-cache` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate venv,
-  `--router` gives its binary) with `--policy cache_aware` / `--policy power_of_two`,
-  over the same 8 URLs (no Envoy: it is a proxy itself).
+- `vr-cache` / `vr-kv` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate
+  venv, `--router` gives its binary; skipped when absent) with `--policy cache_aware` /
+  `kv_aware` (fed by every simulator's KV events) / `power_of_two`, over the same 8 URLs
+  (no Envoy: it is a proxy itself); bench/routing_vr.py, which also reads its prefix
+  decisions from its metrics after the run.
 
 Time scale: the simulator runs `--time-scale S` times faster than real time. On a 2-core
 machine the limit is the CPU that Envoy, the EPP, the simulator and this client spend per
@@ -99,6 +102,7 @@ SETUPS = [
     "epp-rr",
     "epp-random",
     "vr-cache",
+    "vr-kv",
     "vr-p2",
 ]
 LABELS = {
@@ -111,6 +115,7 @@ LABELS = {
     "epp-rr": "(h) EPP round-robin picker (the hop alone)",
     "epp-random": "(h) EPP random picker",
     "vr-cache": "(f) vllm-router cache_aware",
+    "vr-kv": "(f) vllm-router kv_aware (KV events)",
     "vr-p2": "(f) vllm-router power_of_two",
 }
 CONFIGS = {
@@ -154,6 +159,11 @@ SCENARIOS: dict[str, dict[str, object]] = {
     "kv-pressure": dict(groups=96, questions=5, system_tokens=2000, question_tokens=200),
     # Sessions: each turn resends the whole conversation so far plus a new question.
     "multi-turn": dict(groups=64, turns=8, system_tokens=500, question_tokens=150),
+    # KV pressure from a real trace: Mooncake's last requests replayed (bench/routing_trace.py),
+    # 32 tokens per hash id; the pool's KV (8 x 16,384) holds half the distinct blocks of
+    # the ~620 requests replayed with the default stages (3/4 with 10-s stages), so servers
+    # evict. Time scale 0.15: 120 req/s of ~1,300-token prompts = 18 req/s of wall clock.
+    "mooncake": dict(trace="mooncake", block_tokens=32, output_tokens=128, time_scale=0.15),
 }
 WORKLOAD_DEFAULTS: dict[str, object] = dict(
     groups=48,
@@ -165,6 +175,8 @@ WORKLOAD_DEFAULTS: dict[str, object] = dict(
     kv_tokens=16384,
     time_scale=0.25,
     rates="25,50,75",
+    trace=None,
+    block_tokens=512,
 )
 SCENARIO_RATES = {
     "one-prefix": "20,40,60",
@@ -174,6 +186,7 @@ SCENARIO_RATES = {
     "long-context": "10,20,30",
     "kv-pressure": "25,50,75",
     "multi-turn": "30,60,90",
+    "mooncake": "40,80,120",
 }
 LOAD_CONFIG = (ROOT / "config" / "load-only.yaml").read_text()
 RANDOM_CONFIG = """apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -200,6 +213,7 @@ class Req:
     at: float  # real seconds after the start
     stage: int  # -1 = warm-up
     prompt: str
+    max_tokens: int | None = None  # a trace's own output length; None: --output-tokens
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -248,6 +262,8 @@ class Prompts:
 
 
 def workload(args: argparse.Namespace) -> list[Req]:
+    if args.trace:  # a replayed trace (bench/routing_trace.py)
+        return trace_module().workload(args, Req, words)
     rng = random.Random(args.seed)
     prompts = Prompts(args, rng)
     reqs, t = [], 0.0
@@ -299,6 +315,7 @@ class Run:
 async def one(
     http: aiohttp.ClientSession, url: str, model: str, req: Req, out: int, t0: float, run: Run
 ) -> Result:
+    out = req.max_tokens or out
     body = {"model": model, "prompt": req.prompt, "max_tokens": out, "stream": True}
     res = Result(req.stage, ok=False, at=req.at)
     start = time.perf_counter()
@@ -483,11 +500,12 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("request rate (req/s, model time)")
     ax.set_ylabel("TTFT p90 (s, model time)")
-    ax.set_title(
-        f"Shared prefix: {args.groups} groups x {args.system_tokens}-token system prompt, "
-        f"8 x sim 8B/H100",
-        fontsize=9,
+    title = (
+        f"{args.trace} trace, {args.block_tokens} tokens per hash id"
+        if args.trace
+        else f"Shared prefix: {args.groups} groups x {args.system_tokens}-token system prompt"
     )
+    ax.set_title(f"{title}, {args.servers} x sim {args.preset}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -498,9 +516,14 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
 
 
 def start_sims(
-    pg: ProcessGroup, args: argparse.Namespace, kv_port: int | None, kv_bind: bool = False
+    pg: ProcessGroup,
+    args: argparse.Namespace,
+    kv_port: int | None,
+    kv_bind: bool = False,
+    kv_extra: dict[str, object] | None = None,
 ) -> list[str]:
-    """`kv_bind`: each replica binds KV-events port kv_port + i (connect mode)."""
+    """`kv_bind`: each replica binds KV-events port kv_port + i (connect mode);
+    `kv_extra`: more keys of the KV-events config (vllm-router's empty topic)."""
     base = free_port_range(args.servers)
     argv = [*EPP_CMD, "sim", "--replicas", str(args.servers), "--port", str(base)]
     argv += ["--preset", args.preset, "--time-scale", str(args.time_scale)]
@@ -511,6 +534,7 @@ def start_sims(
             "enable_kv_cache_events": True,
             "publisher": "zmq",
             "endpoint": f"tcp://{'*' if kv_bind else '127.0.0.1'}:{kv_port}",
+            **(kv_extra or {}),
         }
         argv += ["--kv-events-config", json.dumps(cfg)]
     urls = [f"http://127.0.0.1:{base + i}" for i in range(args.servers)]
@@ -609,6 +633,8 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
             config = tmp / "precise-connect.yaml"
             connect_config(config, 16)  # the 8B preset's block size
         return start_epp(pg, urls, config, args, n_epps, kv_base), urls
+    if setup.startswith("vr-"):  # vllm-router: bench/routing_vr.py
+        return vr_module().start(pg, setup, args, start_sims)
     kv_port = free_port() if setup == "epp-precise" else None
     urls = start_sims(pg, args, kv_port)
     if setup in ("rr", "lr"):
@@ -633,14 +659,7 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
             config = tmp / "precise.yaml"
             precise_config(config, kv_port, 16)  # the 8B preset's block size
         return start_epp(pg, urls, config, args), urls
-    policy = {"vr-cache": "cache_aware", "vr-p2": "power_of_two"}[setup]
-    port = free_port()
-    argv = [args.router, "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
-    argv += ["--prometheus-port", str(free_port()), "--worker-urls", *urls]
-    argv += ["--request-timeout-secs", str(int(args.timeout_s) + 10), "--disable-retries"]
-    url = f"http://127.0.0.1:{port}"
-    pg.start(f"vllm-router-{policy}", argv, ready=HttpReady(url + "/health"), timeout=90)
-    return url, urls
+    raise AssertionError(f"no start for setup {setup}")
 
 
 # ---------------------------------------------------------------- main
@@ -691,6 +710,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=None, help="> 0: multi-turn sessions")
     p.add_argument("--system-tokens", type=int, default=None)
     p.add_argument("--question-tokens", type=int, default=None)
+    p.add_argument(
+        "--trace-file",
+        help="replay this Mooncake-format JSONL instead of ../shared/traces' "
+        "(trace scenarios: mooncake)",
+    )
+    p.add_argument(
+        "--block-tokens", type=int, default=None, help="trace scenarios: tokens per hash id"
+    )
     p.add_argument("--output-tokens", type=int, default=None)
     p.add_argument("--servers", type=int, default=8)
     p.add_argument("--preset", default="llama-3.1-8b-h100")
@@ -730,6 +757,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "phases); off: no TTFT/ITL observations and in-flight counts end at routing (on)",
     )
     p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
+    p.set_defaults(trace=None)  # set by a trace scenario (SCENARIOS), not a flag
     p.add_argument("--json", help="write the summaries here")
     p.add_argument("--plot", help="write the TTFT p90 plot (PNG; matrix: the ratio grid) here")
 
@@ -806,12 +834,15 @@ def _run_setup_once(setup: str, args: argparse.Namespace, reqs: list[Req]) -> li
         t0 = time.perf_counter()
         run = asyncio.run(drive(setup, url, sim_urls, reqs, args))
         wall = time.perf_counter() - t0
+        router = vr_module().decisions(url) if setup.startswith("vr-") else {}
         cpu = {name: (cpu_seconds(pid) - cpu0[name]) / wall for name, pid in pids.items()}
         if len([n for n in cpu if n.startswith("epp")]) > 1:  # several replicas: their sum
             cpu["epp"] = sum(v for n, v in cpu.items() if n.startswith("epp"))
     rows = summarize(run, args)
     for r in rows:
         r["sim_cpu"], r["epp_cpu"] = cpu.get("sims"), cpu.get("epp")
+        if router:  # vllm-router's prefix decisions over the whole run, by outcome
+            r["router_decisions"] = router
     return rows
 
 
@@ -857,12 +888,16 @@ def run_scenario(args: argparse.Namespace) -> tuple[list[dict], dict[str, str]]:
                     f"hit {r['hit_rate']} wait {r['waiting']} err {r['errors']} "
                     f"cpu sim {r['sim_cpu']} epp {r['epp_cpu']}\n"
                 )
+            if got and "router_decisions" in got[0]:
+                sys.stderr.write(f"  vllm-router decisions: {got[0]['router_decisions']}\n")
         if runs:
             rows += [dict(r, scenario=args.scenario) for r in median_rows(runs)]
     return rows, skipped
 
 
 def describe(args: argparse.Namespace) -> str:
+    if args.trace:
+        return trace_module().describe(args)
     shape = "unique prompts" if args.groups <= 0 else f"{args.groups} groups"
     if args.turns:
         shape = f"{args.groups} sessions x {args.turns} turns"
@@ -892,6 +927,9 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         skipped.update({f"{name}/{k}": v for k, v in why.items()})
         print(describe(sargs))
         print(tables(got, sargs.rates))
+        for r in got:  # vllm-router: did it route on prefixes? (bench/routing_vr.py)
+            if "router_decisions" in r and r["rate"] == sargs.rates[0]:
+                print(f"\n{r['setup']}: vllm-router prefix decisions {r['router_decisions']}")
         print(flush=True)
         if args.json:  # after every scenario, so a long matrix cut short keeps what ran
             Path(args.json).write_text(json.dumps({"rows": rows, "skipped": skipped}, indent=2))
@@ -909,6 +947,17 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         else:
             plot(rows, args.plot, with_scenario(args, args.scenario))
     return 0
+
+
+def trace_module():
+    """bench/routing_trace.py (trace replay scenarios)."""
+    return sys.modules.get("epp_bench_routing_trace") or load_sibling("routing_trace")
+
+
+def vr_module():
+    """bench/routing_vr.py (the vllm-router setups), loaded once: it keeps each router's
+    metrics address from its start to the read after the run."""
+    return sys.modules.get("epp_bench_routing_vr") or load_sibling("routing_vr")
 
 
 def matrix_module():

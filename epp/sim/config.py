@@ -33,7 +33,9 @@ class KVEventsConfig:
     """vLLM's `--kv-events-config` JSON (vllm/config/kv_events.py), same keys and defaults.
 
     `topic` may hold `{host}`, `{port}` and `{model}`; empty means the llm-d convention
-    `kv@{host}:{port}@{model}`, so every replica of `--replicas N` gets its own topic.
+    `kv@{host}:{port}@{model}`, so every replica of `--replicas N` gets its own topic;
+    `null` means the empty topic, vLLM's own default, which is what vllm-router 0.1.17's
+    `--kv-event-source` subscribes to (it skips any message whose topic frame differs).
     """
 
     enable_kv_cache_events: bool = False
@@ -43,7 +45,7 @@ class KVEventsConfig:
     buffer_steps: int = 10_000
     hwm: int = 100_000
     max_queue_size: int = 100_000
-    topic: str = ""
+    topic: str | None = ""
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> KVEventsConfig:

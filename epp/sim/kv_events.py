@@ -60,7 +60,10 @@ def replica_endpoint(endpoint: str, replica: int) -> str:
     return offset_endpoint_port(endpoint, replica) if is_bind_endpoint(endpoint) else endpoint
 
 
-def format_topic(template: str, host: str, port: int, model: str) -> str:
+def format_topic(template: str | None, host: str, port: int, model: str) -> str:
+    """None: the empty topic (vLLM's default); empty: the llm-d convention."""
+    if template is None:
+        return ""
     return (template or DEFAULT_TOPIC).format(host=host, port=port, model=model)
 
 

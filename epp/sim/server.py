@@ -1,11 +1,13 @@
 """One simulated vLLM server: an aiohttp app in front of an `Engine`.
 
 Routes, by family: `openai_routes` (POST /v1/completions, POST /v1/chat/completions,
-GET /v1/models), `admin_routes` (POST /v1/load_lora_adapter, /v1/unload_lora_adapter,
-GET /kv_event_sources, POST /reset_prefix_cache, GET|POST /admin) and `probe_routes`
-(GET /health, GET /metrics); this module holds the server's state and lifecycle. Every response
-carries `x-sim-server: <name>` so a test behind a proxy can tell which replica answered
-without the body leaving OpenAI's shape.
+GET /v1/models), `render_routes` (POST /v1/completions/render,
+/v1/chat/completions/render: token ids only), `admin_routes` (POST
+/v1/load_lora_adapter, /v1/unload_lora_adapter, GET /kv_event_sources, POST
+/reset_prefix_cache, GET|POST /admin) and `probe_routes` (GET /health, GET /metrics);
+this module holds the server's state and lifecycle. Every response carries
+`x-sim-server: <name>` so a test behind a proxy can tell which replica answered without
+the body leaving OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from epp.sim.openai import (
 )
 from epp.sim.openai_routes import OpenAIRoutes
 from epp.sim.probe_routes import POLL_SECONDS, ProbeRoutes
+from epp.sim.render_routes import RenderRoutes
 from epp.sim.sequence import Channel
 from epp.sim.tokenizer import filler_ids, shared_tokenizer
 
@@ -140,7 +143,12 @@ class SimServer:
 
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024**2)
-        for routes in (OpenAIRoutes(self), AdminRoutes(self), ProbeRoutes(self)):
+        for routes in (
+            OpenAIRoutes(self),
+            RenderRoutes(self),
+            AdminRoutes(self),
+            ProbeRoutes(self),
+        ):
             routes.register(app.router)
         app.on_response_prepare.append(self._tag_response)
         return app
