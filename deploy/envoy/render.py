@@ -41,7 +41,7 @@ _TLS_EDITS = [
     (
         _HEALTH,
         _HEALTH
-        + """      # Over the cluster's TLS to the ext_proc port: the EPP's health port is plaintext.
+        + """      # Over the cluster's TLS to the ext_proc port (the health port is plaintext).
       tls_options: { alpn_protocols: [h2] }
 """,
     ),
