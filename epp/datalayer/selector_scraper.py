@@ -183,8 +183,13 @@ class SelectorScraper:
 
     def _next_wake(self) -> float:
         t = self._due[0][0] if self._due else time.monotonic() + 1.0
-        if self._deadlines and self._deadlines[0][0] < t:
-            t = self._deadlines[0][0]
+        dl = self._deadlines
+        # Deadlines of requests that ended are dropped here, not woken up for: nearly
+        # every request ends well before its deadline.
+        while dl and not _pending(dl[0][2], dl[0][3]):
+            heapq.heappop(dl)
+        if dl and dl[0][0] < t:
+            t = dl[0][0]
         return t
 
     def _drain_wake(self) -> None:
@@ -208,7 +213,7 @@ class SelectorScraper:
         dl = self._deadlines
         while dl and dl[0][0] <= now:
             _, _, job, attempt = heapq.heappop(dl)
-            if job.alive and job.attempt == attempt and (job.reader is not None or job.resolving):
+            if _pending(job, attempt):
                 self._close(job)
                 job.resolving = False
                 job.reader = None
@@ -557,6 +562,11 @@ class SelectorScraper:
                 ep.hostport,
                 error,
             )
+
+
+def _pending(job: _Job, attempt: int) -> bool:
+    """`job`'s request number `attempt` is still under way (connecting, resolving, sent)."""
+    return job.alive and job.attempt == attempt and (job.reader is not None or job.resolving)
 
 
 def _models(response: Response, path: str) -> frozenset[str]:

@@ -26,8 +26,7 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 def ok(body: bytes = PAGE, extra: str = "") -> bytes:
     return (
-        f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-        f"{extra}\r\n"
+        f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
     ).encode() + body
 
 
