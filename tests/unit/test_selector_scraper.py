@@ -245,3 +245,39 @@ async def test_host_names_resolve_off_the_thread_and_stop_leaves_no_thread(
 
     # the resolver's worker ends once its queue is shut (asynchronously)
     await wait_for(lambda: not ours(), "no epp-scraper* thread left")
+
+
+async def test_https_endpoints_are_scraped_by_the_asyncio_scraper_in_the_thread(tmp_path) -> None:
+    """TLS stays asyncio's: with `scheme: https` the thread runs `MetricsScraper` on a
+    loop of its own (self-signed certificate, `insecureSkipVerify` as upstream)."""
+    import ssl
+
+    from aiohttp import web
+
+    from epp.datalayer.scraper import MetricsScraper
+    from epp.extproc.tls import self_signed
+
+    cert = self_signed(("127.0.0.1",))
+    (tmp_path / "tls.crt").write_bytes(cert.cert_pem)
+    (tmp_path / "tls.key").write_bytes(cert.key_pem)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    srv = FakeServer(waiting=6)
+    app = web.Application()
+    app.router.add_get("/metrics", srv.metrics)
+    app.router.add_get("/v1/models", srv.list_models)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx).start()
+    port = runner.addresses[0][1]
+    ds = Datastore()
+    ds.set_endpoints([ep("a", port)])
+    try:
+        cfg = ScrapeConfig(scheme="https", interval=0.02, timeout=1.0, models_interval=0)
+        async with ScraperThread(ds, cfg) as st:
+            assert isinstance(st.scraper, MetricsScraper)
+            await wait_for(lambda: ds.is_healthy("a"), "scraped over TLS")
+            assert ds.metrics("a").waiting_queue_size == 6
+            assert st.thread is not None and st.thread.name == THREAD_NAME
+    finally:
+        await runner.cleanup()
