@@ -176,10 +176,25 @@ class SelectorScraper:
                     if job is None:
                         self._drain_wake()
                     else:
-                        self._ready(job, mask)
+                        self._guarded(self._ready, job, mask)
         finally:
             self.running = False
             self._close_all()
+
+    def _guarded(self, step: Callable[..., None], job: _Job, arg: object) -> None:
+        """A bug in one endpoint's step fails that scrape (and is logged), never the
+        thread: a dead scraper thread would make the whole pool stale."""
+        try:
+            step(job, arg)
+        except Exception as e:
+            log.exception("scraper error on %s", job.ep.name)
+            try:
+                self._fail(job, e)  # records it and schedules the next scrape
+            except Exception:
+                self._close(job)
+                job.reader, job.resolving = None, False
+                if job.alive:
+                    self._push_due(job, time.monotonic() + self.config.interval)
 
     def _next_wake(self) -> float:
         t = self._due[0][0] if self._due else time.monotonic() + 1.0
@@ -207,7 +222,7 @@ class SelectorScraper:
         while due and due[0][0] <= now:
             _, _, job = heapq.heappop(due)
             if job.alive and job.reader is None and not job.resolving:
-                self._begin(job, now)
+                self._guarded(self._begin, job, now)
 
     def _expire(self, now: float) -> None:
         dl = self._deadlines

@@ -281,3 +281,13 @@ async def test_https_endpoints_are_scraped_by_the_asyncio_scraper_in_the_thread(
             assert st.thread is not None and st.thread.name == THREAD_NAME
     finally:
         await runner.cleanup()
+
+
+async def test_a_refused_connection_is_a_failure_with_its_reason() -> None:
+    from epp.harness.procs import free_port
+
+    ds = CountingDatastore()
+    ds.set_endpoints([ep("gone", free_port())])  # nothing listens there
+    async with ScraperThread(ds, ScrapeConfig(interval=0.02, timeout=1.0, models_interval=0)):
+        await wait_for(lambda: len(ds.failures) >= 3, "3 failed scrapes")
+    assert {e for _, e in ds.failures} == {"connection refused"}
