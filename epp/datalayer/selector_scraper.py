@@ -386,7 +386,7 @@ class SelectorScraper:
                     self._fail(job, ConnectError(OSError(err, _strerror(err))))
                     return
             self._send(job, job.out)
-            if job.sock is None:
+            if job.sock is not sock:  # closed, or replaced by a retry's new connection
                 return
         if mask & selectors.EVENT_READ:
             try:
