@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from epp.datastore import EndpointSnapshot
 from epp.scheduling.types import PREFIX_MATCH_KEY  # declared by the framework, which reads it
 
 __all__ = [
@@ -78,7 +77,7 @@ def uncached_by_name(info: PrefixMatchInfo, prompt_tokens: int) -> dict[str, int
 
 
 def uncached_prompt_tokens(
-    info: PrefixMatchInfo, prompt_tokens: int, endpoints: Sequence[EndpointSnapshot]
+    info: PrefixMatchInfo, prompt_tokens: int, names: Sequence[str]
 ) -> list[int]:
     """Per endpoint, the prompt tokens it would have to prefill for this request: the
     prompt less what it caches (`cached_tokens`). llm-d's in-flight-load producer computes
@@ -87,4 +86,4 @@ def uncached_prompt_tokens(
     match are computed; the rest (most of 1,000 candidates) are one dict lookup each."""
     whole = max(0, prompt_tokens)
     get = uncached_by_name(info, prompt_tokens).get
-    return [get(e.endpoint.name, whole) for e in endpoints]
+    return [get(name, whole) for name in names]
