@@ -58,11 +58,11 @@ from epp.datalayer.metric_maps import (
     get_engine,
 )
 from epp.datalayer.scraper import (
-    _HEADERS,
     INCONCLUSIVE,
+    SCRAPE_HEADERS,
     ScrapeConfig,
     ScrapeSink,
-    _reason,
+    failure_reason,
     load_state,
     next_interval,
 )
@@ -261,7 +261,7 @@ class SelectorScraper:
                 self._jobs[name] = [_Job(ep, _METRICS, b"", alive=False)]
                 continue
             metrics = _Job(
-                ep, _METRICS, request_bytes(ep.address, ep.port, cfg.path, _HEADERS), emap
+                ep, _METRICS, request_bytes(ep.address, ep.port, cfg.path, SCRAPE_HEADERS), emap
             )
             metrics.interval = cfg.interval
             metrics.state = load_state(self._previous(ep))
@@ -487,7 +487,7 @@ class SelectorScraper:
             ):
                 error = INCONCLUSIVE
             else:
-                error = _reason(exc, cfg.timeout)
+                error = failure_reason(exc, cfg.timeout)
         elif response is not None and response.status != 200:
             error = f"HTTP {response.status}"
         elif response is not None:
@@ -521,7 +521,7 @@ class SelectorScraper:
             return str(e)
         except Exception as e:  # any failure is a failed scrape, never a dead thread
             log.debug("unexpected scrape error for %s", ep.name, exc_info=True)
-            return _reason(e, self.config.timeout)
+            return failure_reason(e, self.config.timeout)
         if self._current(ep):
             self._latest[ep.name] = metrics
             self.sink.metrics(ep, metrics)
@@ -545,7 +545,7 @@ class SelectorScraper:
                 log.info(
                     "models of %s unavailable: %s",
                     ep.name,
-                    _reason(exc or ProtocolError("no response"), self.config.timeout),
+                    failure_reason(exc or ProtocolError("no response"), self.config.timeout),
                 )
             job.models_failed = True
         if job.alive:
