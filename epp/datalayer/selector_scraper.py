@@ -119,6 +119,7 @@ class SelectorScraper:
         self.served_models: dict[str, frozenset[str]] = {}
         self.intervals: dict[str, float] = {}
         self._failing: dict[str, str] = {}
+        self._bugs: set[str] = set()  # endpoints whose unexpected error was logged
         self._latest: dict[str, EndpointMetrics] = {}
         self._jobs: dict[str, list[_Job]] = {}
         self._due: list[tuple[float, int, _Job]] = []  # (monotonic, seq, job)
@@ -187,7 +188,9 @@ class SelectorScraper:
         try:
             step(job, arg)
         except Exception as e:
-            log.exception("scraper error on %s", job.ep.name)
+            if job.ep.name not in self._bugs:  # once per endpoint: 20 scrapes a second
+                self._bugs.add(job.ep.name)
+                log.exception("scraper error on %s (logged once)", job.ep.name)
             try:
                 self._fail(job, e)  # records it and schedules the next scrape
             except Exception:
