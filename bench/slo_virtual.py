@@ -17,6 +17,9 @@ Workload, pool and figures as in bench/slo_routing.py (same defaults): 70 % chat
 Several `--seeds` give independent workloads; the table shows the median over them.
 
     .venv/bin/python bench/slo_virtual.py [--rates 6,10] [--setups default,prefix,slo]
+
+Setup `slo-nopred` is `config/slo.yaml` without the predictor's plugins
+(`bench/slo_configs.py`): the anchor's "same stack without the predictor".
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.predictor_accuracy import epp_view, finished_by  # noqa: E402
+from bench.slo_configs import NO_PREDICTOR, write_without_predictor  # noqa: E402
 from epp.composition import install_plugins  # noqa: E402
 from epp.config.loader import load_config_file, load_default_config  # noqa: E402
 from epp.datastore import EndpointMetrics  # noqa: E402
@@ -273,7 +277,12 @@ def prediction_errors(a: argparse.Namespace, errors: list, n: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--setups", default="default,prefix,slo")
+    p.add_argument(
+        "--setups",
+        default="default,prefix,slo",
+        help=f"also {NO_PREDICTOR} (config/slo.yaml without the predictor's plugins) and, "
+        f"with --oracle, {ORACLE}",
+    )
     p.add_argument("--setup", action="append", default=[], help="NAME=CONFIG (repeatable)")
     p.add_argument("--rates", default="6,10")
     p.add_argument("--seeds", default="1,2,3")
@@ -303,6 +312,7 @@ def main() -> None:
     p.add_argument("--json", help="write every run here")
     a = p.parse_args()
     configs: dict[str, Path | None] = dict(CONFIGS)
+    configs[NO_PREDICTOR] = write_without_predictor(ROOT / "config" / "slo.yaml")
     if a.oracle:
         configs[ORACLE] = None
     for spec in a.setup:
