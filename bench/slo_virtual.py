@@ -198,6 +198,9 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     ok = [meets(a, c, ttft, tpot) for c, _, ttft, tpot in measured]
     row["attainment"] = sum(ok) / len(measured)
     row["goodput_rps"] = sum(ok) / a.duration_s
+    ttfts = sorted(r[2] for r in measured)
+    row["ttft_mean"] = statistics.fmean(ttfts)
+    row["ttft_p99"] = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
     for cls in ("chat", "long"):
         rs = [(r, m) for r, m in zip(measured, ok, strict=True) if r[0] == cls]
         ttfts = sorted(r[2] for r, _ in rs)
@@ -309,6 +312,11 @@ def main() -> None:
         "run ahead): ranking regret per setup, the predictor's error on every candidate, "
         f"and setup {ORACLE!r} (routes by it)",
     )
+    p.add_argument(
+        "--baseline",
+        default=NO_PREDICTOR,
+        help="if among the setups, print every other one's TTFT mean / p99 change against it",
+    )
     p.add_argument("--json", help="write every run here")
     a = p.parse_args()
     configs: dict[str, Path | None] = dict(CONFIGS)
@@ -334,10 +342,10 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print(f"\nmedians over seeds {a.seeds}")
     print(
-        "| rate | setup | attainment | goodput req/s | chat attain | chat TTFT mean / p99 ms "
-        "| long attain | long TTFT mean / p99 ms |"
+        "| rate | setup | attainment | goodput req/s | TTFT mean / p99 ms | chat attain "
+        "| chat TTFT mean / p99 ms | long attain | long TTFT mean / p99 ms |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rate in (float(r) for r in a.rates.split(",")):
         for setup in setups:
             rs = [r for r in rows if r["setup"] == setup and r["rate"] == rate]
@@ -347,10 +355,40 @@ def main() -> None:
 
             print(
                 f"| {rate:g} | {setup} | {med('attainment'):.1%} | {med('goodput_rps'):.2f} "
+                f"| {med('ttft_mean'):.0f} / {med('ttft_p99'):.0f} "
                 f"| {med('chat_attain'):.1%} | {med('chat_ttft_mean'):.0f} / "
                 f"{med('chat_ttft_p99'):.0f} | {med('long_attain'):.1%} | "
                 f"{med('long_ttft_mean'):.0f} / {med('long_ttft_p99'):.0f} |"
             )
+    if a.baseline in setups:
+        effects(a, rows, setups)
+
+
+def effects(a: argparse.Namespace, rows: list[dict], setups: list[str]) -> None:
+    """Each setup against `--baseline` as llm-d's anchor states it: the change of the TTFT
+    mean and p99 (all requests), per seed (same workload), median over the seeds."""
+    print(f"\nagainst {a.baseline}: TTFT mean / p99 change, attainment change (points), medians")
+    for setup in (s for s in setups if s != a.baseline):
+        cells = []
+        for rate in (float(r) for r in a.rates.split(",")):
+            pairs = [
+                (r, b)
+                for r in rows
+                for b in rows
+                if r["setup"] == setup
+                and b["setup"] == a.baseline
+                and r["rate"] == b["rate"] == rate
+                and r["seed"] == b["seed"]
+            ]
+
+            def change(k: str, pairs: list = pairs) -> float:
+                return statistics.median(r[k] / b[k] - 1 for r, b in pairs)
+
+            points = statistics.median(100 * (r["attainment"] - b["attainment"]) for r, b in pairs)
+            cells.append(
+                f"{rate:g}: {change('ttft_mean'):+.0%} / {change('ttft_p99'):+.0%}, {points:+.1f}"
+            )
+        print(f"{setup}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":
