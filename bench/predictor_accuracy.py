@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.sim.config import SimConfig
-from epp.sim.virtual import VirtualEngine
+from epp.sim.virtual import Finished, VirtualEngine
 from plugins.latency.features import FEATURE_SETS, EndpointHistory, FeatureSet
 from plugins.latency.model import Coefficients, ColdStart, Sample, SampleBuffer, fit, predict
 
@@ -105,19 +105,33 @@ def workload(a: argparse.Namespace, rate: float) -> list[tuple[float, int, int]]
 def epp_view(
     engines: list[VirtualEngine],
     scraped: list[EndpointMetrics],
-    pending: dict[int, Pending],
+    pending: dict,
+    now: float,
+    held: list[list[Finished]],
 ) -> list[EndpointSnapshot]:
-    """What a scheduling cycle would see now: last scrape + the EPP's in-flight counts."""
+    """What a scheduling cycle would see at `now`: last scrape + the EPP's in-flight counts.
+
+    `advance_to(now)` carries out the step in progress whole (its tokens stamped with its
+    end, after `now`), so the engine's state is a little ahead of the EPP's: a prompt whose
+    prefill step is running already has its first token, and a request in its last step is
+    already finished. The EPP only learns of either when the token arrives, so a request
+    counts as in flight until its `finish` (`held`: finished in the engine, not yet by
+    `now`) and its prompt as pending prefill until its `first_token`. (Before this, a
+    long prompt's 300-600 ms prefill step vanished from the view the moment it started,
+    and a chat routed behind it was predicted at ~20 ms: docs/BENCHMARKS.md "What limits
+    the predictor".) `pending[rid]` has the request's `isl` and `osl` as the EPP counts them."""
     reqs = [0] * len(engines)
     prefill = [0] * len(engines)
     tokens = [0] * len(engines)
     for i, eng in enumerate(engines):
         s = eng.scheduler
-        for r in (*s.waiting, *s.running, *s.transferring):
-            p = pending[r.rid]
+        live = [(r.rid, r.first_token_at) for r in (*s.waiting, *s.running, *s.transferring)]
+        live += [(f.rid, f.first_token) for f in held[i]]
+        for rid, first in live:
+            p = pending[rid]
             reqs[i] += 1
             tokens[i] += p.osl  # expected output, held until the end
-            if r.generated == 0:  # no first token yet: its prompt is pending prefill
+            if first is None or first > now:  # no first token yet: prefill pending
                 prefill[i] += p.isl
                 tokens[i] += p.isl
     return [
@@ -130,6 +144,19 @@ def epp_view(
         )
         for i in range(len(engines))
     ]
+
+
+def finished_by(engines: list[VirtualEngine], held: list[list[Finished]], now: float) -> list:
+    """(engine index, Finished) of the requests whose last token came by `now`, in finish
+    order; the ones the engine finished ahead of `now` stay in `held` until then."""
+    out = []
+    for i, eng in enumerate(engines):
+        eng.advance_to(now)
+        held[i].extend(eng.drain_finished())
+        out += [(i, f) for f in held[i] if f.finish <= now]
+        held[i] = [f for f in held[i] if f.finish > now]
+    out.sort(key=lambda x: x[1].finish)
+    return out
 
 
 def run_level(a: argparse.Namespace, rate: float, sets: list[str]) -> dict:
@@ -164,26 +191,26 @@ def run_level(a: argparse.Namespace, rate: float, sets: list[str]) -> dict:
         k += 1
     routed = [0] * len(engines)
 
+    held: list[list[Finished]] = [[] for _ in engines]
+
     def collect(now: float) -> None:
-        for eng in engines:
-            eng.advance_to(now)
-            for f in eng.drain_finished():
-                p = pending.pop(f.rid)
-                ttft_ms = 1000 * f.ttft_s
-                tpot_ms = 1000 * f.itl_s if f.osl >= 2 else math.nan
-                for lr in learners.values():
-                    _, _, pt, pp, learned = p.by_set[lr.name]
-                    # As the producer's post_response: features of the snapshot at pick
-                    # with the history as it is now, then this response joins the history.
-                    h, e = lr.history, p.snap
-                    tx, px = lr.features.ttft(e, p.isl, h), lr.features.tpot(e, h)
-                    lr.buffer.add(Sample(e.name, tx, px, ttft_ms, tpot_ms))
-                    running = e.metrics.running_requests
-                    h.observe(e.name, ttft_ms, tpot_ms, 1000 * f.duration_s, running)
-                    if p.arrival >= a.warmup_s and learned:
-                        lr.errors["ttft"].append(abs(pt - ttft_ms) / ttft_ms)
-                        if not math.isnan(tpot_ms):
-                            lr.errors["tpot"].append(abs(pp - tpot_ms) / tpot_ms)
+        for _, f in finished_by(engines, held, now):
+            p = pending.pop(f.rid)
+            ttft_ms = 1000 * f.ttft_s
+            tpot_ms = 1000 * f.itl_s if f.osl >= 2 else math.nan
+            for lr in learners.values():
+                _, _, pt, pp, learned = p.by_set[lr.name]
+                # As the producer's post_response: features of the snapshot at pick
+                # with the history as it is now, then this response joins the history.
+                h, e = lr.history, p.snap
+                tx, px = lr.features.ttft(e, p.isl, h), lr.features.tpot(e, h)
+                lr.buffer.add(Sample(e.name, tx, px, ttft_ms, tpot_ms))
+                running = e.metrics.running_requests
+                h.observe(e.name, ttft_ms, tpot_ms, 1000 * f.duration_s, running)
+                if p.arrival >= a.warmup_s and learned:
+                    lr.errors["ttft"].append(abs(pt - ttft_ms) / ttft_ms)
+                    if not math.isnan(tpot_ms):
+                        lr.errors["tpot"].append(abs(pp - tpot_ms) / tpot_ms)
 
     while events:
         now, kind, payload = heapq.heappop(events)
@@ -204,7 +231,7 @@ def run_level(a: argparse.Namespace, rate: float, sets: list[str]) -> dict:
                     lr.coef = fit(lr.buffer.copy(), lr.min_samples, relative=lr.relative)
         else:
             _, isl, osl = reqs[payload]
-            view = epp_view(engines, scraped, pending)
+            view = epp_view(engines, scraped, pending, now, held)
             # the least EPP-counted in-flight requests, ties at random (a load-aware router
             # like the default profile's queue scorer, so the slow server gets less)
             least = min(e.inflight_requests for e in view)

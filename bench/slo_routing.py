@@ -17,6 +17,8 @@ p99 per class. The predictor learns during the first `--warmup-s` seconds of tra
 `--repeats N` runs every setup N times, interleaved (the order rotates each repeat, so
 no setup always runs first on a machine that warms up or gets busier), and reports the
 median of each figure over the repeats, plus each setup's attainment per repeat.
+Setup `slo-nopred` is `config/slo.yaml` without the predictor's plugins
+(`bench/slo_configs.py`): issue 10's anchor compares the stack with and without it.
 `--setup NAME=CONFIG` adds a setup running `epp serve --config CONFIG` (to compare
 variants of a profile without editing config/).
 
@@ -30,6 +32,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,9 @@ from pathlib import Path
 import aiohttp
 
 from epp.harness.localstack import LocalStack
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.slo_configs import NO_PREDICTOR, write_without_predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -160,6 +166,11 @@ def median_row(setup: str, rows: list[dict]) -> dict:
 
 def parse_setups(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, list[str]]:
     configs = dict(CONFIGS)
+    if NO_PREDICTOR in a.setups.split(","):
+        configs[NO_PREDICTOR] = [
+            "--config",
+            str(write_without_predictor(ROOT / "config" / "slo.yaml")),
+        ]
     for spec in a.setup:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
@@ -177,7 +188,11 @@ def parse_setups(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--setups", default="default,prefix,slo")
+    p.add_argument(
+        "--setups",
+        default="default,prefix,slo",
+        help=f"also {NO_PREDICTOR}: config/slo.yaml without the predictor's plugins",
+    )
     p.add_argument(
         "--setup", action="append", default=[], help="NAME=CONFIG: an extra setup (repeatable)"
     )

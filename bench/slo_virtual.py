@@ -17,11 +17,15 @@ Workload, pool and figures as in bench/slo_routing.py (same defaults): 70 % chat
 Several `--seeds` give independent workloads; the table shows the median over them.
 
     .venv/bin/python bench/slo_virtual.py [--rates 6,10] [--setups default,prefix,slo]
+
+Setup `slo-nopred` is `config/slo.yaml` without the predictor's plugins
+(`bench/slo_configs.py`): the anchor's "same stack without the predictor".
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import heapq
 import json
 import math
@@ -34,21 +38,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.predictor_accuracy import epp_view  # noqa: E402
+from bench.predictor_accuracy import epp_view, finished_by  # noqa: E402
+from bench.slo_configs import NO_PREDICTOR, write_without_predictor  # noqa: E402
 from epp.composition import install_plugins  # noqa: E402
 from epp.config.loader import load_config_file, load_default_config  # noqa: E402
 from epp.datastore import EndpointMetrics  # noqa: E402
 from epp.planner.window import RequestRecord  # noqa: E402
 from epp.request import InferenceRequest, new_request, parse_body  # noqa: E402
 from epp.scheduling.registry import Handle  # noqa: E402
+from epp.scheduling.types import ProfileResult, SchedulingResult  # noqa: E402
 from epp.sim.config import SimConfig  # noqa: E402
-from epp.sim.virtual import VirtualEngine  # noqa: E402
+from epp.sim.virtual import Finished, VirtualEngine  # noqa: E402
+from plugins.latency.info import LATENCY_PREDICTION_KEY, LatencyPredictionInfo  # noqa: E402
 
 CONFIGS = {
     "default": None,
     "prefix": ROOT / "config" / "prefix-aware.yaml",
     "slo": ROOT / "config" / "slo.yaml",
 }
+ORACLE = "oracle"  # route by the true TTFT (needs --oracle): what a perfect predictor gives
+PROBE_RID = -1
 
 
 @dataclass
@@ -61,6 +70,7 @@ class Sent:
     osl: int
     arrival: float
     snap: object  # the primary endpoint's snapshot at pick (post_response gets it)
+    predicted: tuple[float, float] | None = None  # (TTFT, TPOT ms) on the pick, if predicted
 
 
 def workload(a: argparse.Namespace, rate: float, seed: int) -> list[tuple[float, str, str, int]]:
@@ -118,21 +128,25 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     events += [(k * a.refit_s, 1, 0) for k in range(1, int(end / a.refit_s) + 1)]
     heapq.heapify(events)
     results: list[tuple[str, float, float, float]] = []  # (class, arrival, ttft, tpot)
+    # (endpoint, class, arrival, predicted TTFT, observed TTFT, predicted TPOT, observed TPOT)
+    errors: list[tuple[int, str, float, float, float, float, float]] = []
+    # --oracle: (class, picked endpoint, true TTFT ms on every endpoint, predicted or None)
+    ranks: list[tuple[str, int, list[float], list[float] | None]] = []
     routed = [0] * len(engines)
     now = 0.0
 
+    held: list[list[Finished]] = [[] for _ in engines]
+
     def collect(t: float) -> None:
-        for i, eng in enumerate(engines):
-            eng.advance_to(t)
-            for f in eng.drain_finished():
-                s = sent.pop(f.rid)
-                ttft, tpot = 1000 * f.ttft_s, (1000 * f.itl_s if f.osl >= 2 else math.nan)
-                results.append((s.cls, s.arrival, ttft, tpot))
-                rec = RequestRecord(
-                    f.finish, f.isl, f.osl, ttft, tpot, f.duration_s, endpoint=f"e{i}"
-                )
-                for plugin in loaded.post_response:
-                    plugin.post_response(s.request, rec, s.snap)
+        for i, f in finished_by(engines, held, t):
+            s = sent.pop(f.rid)
+            ttft, tpot = 1000 * f.ttft_s, (1000 * f.itl_s if f.osl >= 2 else math.nan)
+            results.append((s.cls, s.arrival, ttft, tpot))
+            if s.predicted is not None:
+                errors.append((i, s.cls, s.arrival, s.predicted[0], ttft, s.predicted[1], tpot))
+            rec = RequestRecord(f.finish, f.isl, f.osl, ttft, tpot, f.duration_s, endpoint=f"e{i}")
+            for plugin in loaded.post_response:
+                plugin.post_response(s.request, rec, s.snap)
 
     while events:
         now, kind, rid = heapq.heappop(events)
@@ -153,14 +167,27 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
             t, cls, prompt, out = reqs[rid]
             body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": out}).encode()
             request = parse_body(new_request(headers(a, cls), "/v1/completions", "POST"), body)
-            view = epp_view(engines, scraped, sent)
+            view = epp_view(engines, scraped, sent, now, held)
             state = loaded.scheduler.prepare(request)
             result = loaded.scheduler.schedule(request, view, state)
+            truth = true_ttfts(engines, len(prompt.split()), t) if a.oracle else None
+            if setup == ORACLE:  # route by the true TTFT instead (pre_request still runs)
+                best = min(range(len(engines)), key=lambda k: truth[k])
+                result = SchedulingResult({"default": ProfileResult([view[best]])}, "default")
             for plugin in loaded.pre_request:
                 plugin.pre_request(request, result)
             pick = result.primary.targets[0]
             i = int(pick.name[1:])
-            sent[rid] = Sent(request, cls, request.prompt_tokens_estimate, out, t, pick)
+            info = state.read(LATENCY_PREDICTION_KEY)
+            learned = isinstance(info, LatencyPredictionInfo) and all(
+                p.learned for p in info.predictions.values()
+            )
+            pred = info.predictions[pick.name] if learned else None
+            predicted = (pred.ttft_ms, pred.tpot_ms) if pred is not None else None
+            if truth is not None and t >= a.warmup_s:
+                preds = [info.predictions[e.name].ttft_ms for e in view] if learned else None
+                ranks.append((cls, i, truth, preds))
+            sent[rid] = Sent(request, cls, request.prompt_tokens_estimate, out, t, pick, predicted)
             engines[i].add(rid, len(prompt.split()), out, t)
             routed[i] += 1
     for eng in engines:
@@ -171,18 +198,94 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     ok = [meets(a, c, ttft, tpot) for c, _, ttft, tpot in measured]
     row["attainment"] = sum(ok) / len(measured)
     row["goodput_rps"] = sum(ok) / a.duration_s
+    ttfts = sorted(r[2] for r in measured)
+    row["ttft_mean"] = statistics.fmean(ttfts)
+    row["ttft_p99"] = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
     for cls in ("chat", "long"):
         rs = [(r, m) for r, m in zip(measured, ok, strict=True) if r[0] == cls]
         ttfts = sorted(r[2] for r, _ in rs)
         row[f"{cls}_attain"] = sum(m for _, m in rs) / max(1, len(rs))
         row[f"{cls}_ttft_mean"] = statistics.fmean(ttfts)
         row[f"{cls}_ttft_p99"] = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+    if errors:
+        row["errors"] = prediction_errors(a, errors, len(engines))
+    if ranks:
+        row["ranking"] = ranking(ranks, len(engines))
     return row
+
+
+def true_ttfts(engines: list[VirtualEngine], isl: int, at: float) -> list[float]:
+    """The TTFT (ms) a request of `isl` prompt tokens arriving now would get on each
+    engine, by running a copy of it (later arrivals ignored: FCFS, they cannot overtake)."""
+    out = []
+    for eng in engines:
+        probe = copy.deepcopy(eng)
+        probe.add(PROBE_RID, isl, 1, at)
+        probe.advance_to(math.inf)
+        first = next(f for f in probe.drain_finished() if f.rid == PROBE_RID)
+        out.append(1000 * first.ttft_s)
+    return out
+
+
+def ranking(ranks: list, n: int) -> dict:
+    """Per class: how far the pick's true TTFT was from the best endpoint's (regret), how
+    often the pick was the best, and, when the predictor ran, its error on every candidate
+    (not only the picked one, which a router biases towards optimistic predictions) and
+    how often its own lowest prediction was the true best."""
+    out: dict[str, dict] = {}
+    for cls in ("chat", "long"):
+        rs = [r for r in ranks if r[0] == cls]
+        if not rs:
+            continue
+        d: dict = {
+            "n": len(rs),
+            "regret_ms": statistics.fmean(tr[i] - min(tr) for _, i, tr, _ in rs),
+            "best_share": statistics.fmean(tr[i] <= min(tr) + 1e-6 for _, i, tr, _ in rs),
+            "oracle_ttft_mean": statistics.fmean(min(tr) for _, _, tr, _ in rs),
+        }
+        pr = [r for r in rs if r[3] is not None]
+        if pr:
+            d["pred_argmin_best"] = statistics.fmean(
+                tr[min(range(n), key=p.__getitem__)] <= min(tr) + 1e-6 for _, _, tr, p in pr
+            )
+            for k in range(n):
+                pairs = [(p[k], tr[k]) for _, _, tr, p in pr if tr[k] > 0]
+                d[f"e{k}_mape"] = statistics.fmean(abs(p - o) / o for p, o in pairs)
+                d[f"e{k}_ratio"] = statistics.median(p / o for p, o in pairs)
+        out[cls] = d
+    return out
+
+
+def prediction_errors(a: argparse.Namespace, errors: list, n: int) -> dict:
+    """Per endpoint and class, the learned prediction on the picked endpoint vs what it
+    measured (requests after the warm-up): MAPE and the median ratio predicted / observed
+    (< 1: the endpoint is slower than predicted)."""
+    out: dict[str, dict] = {}
+    for i in range(n):
+        for cls in ("chat", "long"):
+            rs = [r for r in errors if r[0] == i and r[1] == cls and r[2] >= a.warmup_s]
+            if not rs:
+                continue
+            tt = [(p, o) for *_, p, o, _, _ in rs if o > 0]
+            tp = [(p, o) for *_, p, o in rs if o == o and o > 0]
+            out[f"e{i}/{cls}"] = {
+                "n": len(rs),
+                "ttft_mape": statistics.fmean(abs(p - o) / o for p, o in tt),
+                "ttft_ratio": statistics.median(p / o for p, o in tt),
+                "tpot_mape": statistics.fmean(abs(p - o) / o for p, o in tp) if tp else math.nan,
+                "tpot_ratio": statistics.median(p / o for p, o in tp) if tp else math.nan,
+            }
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--setups", default="default,prefix,slo")
+    p.add_argument(
+        "--setups",
+        default="default,prefix,slo",
+        help=f"also {NO_PREDICTOR} (config/slo.yaml without the predictor's plugins) and, "
+        f"with --oracle, {ORACLE}",
+    )
     p.add_argument("--setup", action="append", default=[], help="NAME=CONFIG (repeatable)")
     p.add_argument("--rates", default="6,10")
     p.add_argument("--seeds", default="1,2,3")
@@ -202,9 +305,24 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--scrape-ms", type=float, default=50.0)
     p.add_argument("--refit-s", type=float, default=2.0)
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="compute every request's true TTFT on every endpoint (a copy of each engine "
+        "run ahead): ranking regret per setup, the predictor's error on every candidate, "
+        f"and setup {ORACLE!r} (routes by it)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=NO_PREDICTOR,
+        help="if among the setups, print every other one's TTFT mean / p99 change against it",
+    )
     p.add_argument("--json", help="write every run here")
     a = p.parse_args()
     configs: dict[str, Path | None] = dict(CONFIGS)
+    configs[NO_PREDICTOR] = write_without_predictor(ROOT / "config" / "slo.yaml")
+    if a.oracle:
+        configs[ORACLE] = None
     for spec in a.setup:
         name, sep, path = spec.partition("=")
         if not sep or not Path(path).is_file():
@@ -224,10 +342,10 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print(f"\nmedians over seeds {a.seeds}")
     print(
-        "| rate | setup | attainment | goodput req/s | chat attain | chat TTFT mean / p99 ms "
-        "| long attain | long TTFT mean / p99 ms |"
+        "| rate | setup | attainment | goodput req/s | TTFT mean / p99 ms | chat attain "
+        "| chat TTFT mean / p99 ms | long attain | long TTFT mean / p99 ms |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rate in (float(r) for r in a.rates.split(",")):
         for setup in setups:
             rs = [r for r in rows if r["setup"] == setup and r["rate"] == rate]
@@ -237,10 +355,40 @@ def main() -> None:
 
             print(
                 f"| {rate:g} | {setup} | {med('attainment'):.1%} | {med('goodput_rps'):.2f} "
+                f"| {med('ttft_mean'):.0f} / {med('ttft_p99'):.0f} "
                 f"| {med('chat_attain'):.1%} | {med('chat_ttft_mean'):.0f} / "
                 f"{med('chat_ttft_p99'):.0f} | {med('long_attain'):.1%} | "
                 f"{med('long_ttft_mean'):.0f} / {med('long_ttft_p99'):.0f} |"
             )
+    if a.baseline in setups:
+        effects(a, rows, setups)
+
+
+def effects(a: argparse.Namespace, rows: list[dict], setups: list[str]) -> None:
+    """Each setup against `--baseline` as llm-d's anchor states it: the change of the TTFT
+    mean and p99 (all requests), per seed (same workload), median over the seeds."""
+    print(f"\nagainst {a.baseline}: TTFT mean / p99 change, attainment change (points), medians")
+    for setup in (s for s in setups if s != a.baseline):
+        cells = []
+        for rate in (float(r) for r in a.rates.split(",")):
+            pairs = [
+                (r, b)
+                for r in rows
+                for b in rows
+                if r["setup"] == setup
+                and b["setup"] == a.baseline
+                and r["rate"] == b["rate"] == rate
+                and r["seed"] == b["seed"]
+            ]
+
+            def change(k: str, pairs: list = pairs) -> float:
+                return statistics.median(r[k] / b[k] - 1 for r, b in pairs)
+
+            points = statistics.median(100 * (r["attainment"] - b["attainment"]) for r, b in pairs)
+            cells.append(
+                f"{rate:g}: {change('ttft_mean'):+.0%} / {change('ttft_p99'):+.0%}, {points:+.1f}"
+            )
+        print(f"{setup}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":

@@ -132,3 +132,81 @@ def test_slo_config_routes_a_tight_request_to_the_endpoint_that_meets_it():
     picks = [cfg.scheduler.schedule(req, [busy, idle]).targets[0].name for _ in range(200)]
     # 1 % of picks explore the missing tier (epsilonExploreNeg); the seeded rng fixes how many.
     assert picks.count("idle") >= 190
+
+
+# --- a 2x slower server, learnt from observations -----------------------------------------
+
+
+def _observe(producer, name: str, slow: float, n: int, rng) -> None:
+    """n finished requests on `name`, measured by TTFT = slow · (5 + 0.02·uncached +
+    0.01·pending prefill) ms and TPOT = slow · (8 + 0.5·running) ms, under random load."""
+    from epp.planner.window import RequestRecord
+
+    for _ in range(n):
+        isl, prefill, running = rng.randrange(10, 2000), rng.randrange(0, 8000), rng.randrange(8)
+        e = snap(name, running=running, inflight_prefill_tokens=prefill)
+        ttft = slow * (5.0 + 0.02 * isl + 0.01 * prefill)
+        rec = RequestRecord(0.0, isl, 16, ttft, slow * (8.0 + 0.5 * running), 1.0, endpoint=name)
+        producer.post_response(completion("x" * (4 * isl)), rec, e)  # estimate = isl tokens
+
+
+def _slo_scheduler(path: Path):
+    import random
+
+    from epp.scheduling.registry import Handle
+
+    return load_config_file(path, Handle(rng=random.Random(0)))
+
+
+def test_slo_config_learns_a_2x_slower_server_in_min_samples_and_prefers_the_fast_one(tmp_path):
+    import random
+
+    from bench.slo_configs import write_without_predictor
+    from epp.request import new_request, parse_body
+
+    path = Path(__file__).parents[2] / "config" / "slo.yaml"
+    cfg = _slo_scheduler(path)
+    producer = cfg.plugins["predicted-latency-producer"]
+    need = producer.params.min_samples  # 32 in config/slo.yaml
+    rng = random.Random(3)
+    _observe(producer, "fast", 1.0, 200, rng)
+    _observe(producer, "slow", 2.0, need - 1, rng)
+    req = parse_body(
+        new_request({"x-slo-ttft-ms": "1000"}, "/v1/completions", "POST"),
+        b'{"model":"m","prompt":"' + b"x" * 400 + b'"}',
+    )
+    # equal loads: 100 uncached prompt tokens, 1000 pending prefill tokens on both
+    eps = [snap("slow", inflight_prefill_tokens=1000), snap("fast", inflight_prefill_tokens=1000)]
+    # fast's own law: 5 + 0.02·100 + 0.01·1000 = 17 ms; slow's: 2 · 17 = 34 ms
+    producer.refit()
+    info = producer.produce(CycleState(), req, eps)
+    assert info.predictions["fast"].ttft_ms == pytest.approx(17.0, rel=1e-3)
+    # 31 observations of its own: slow still borrows the pool fit (200 fast rows and 31
+    # slow ones: between the two laws, not yet 2x)
+    assert 17.0 < info.predictions["slow"].ttft_ms < 34.0 * 0.9
+    _observe(producer, "slow", 2.0, 1, rng)  # the 32nd: its own fit takes over
+    producer.refit()
+    info = producer.produce(CycleState(), req, eps)
+    assert info.predictions["slow"].ttft_ms == pytest.approx(34.0, rel=1e-3)
+    # both meet the 1000 ms SLO, loads are equal: `most` headroom scores fast 1.0, slow 0.1
+    picks = [cfg.scheduler.schedule(req, eps).targets[0].name for _ in range(50)]
+    assert picks == ["fast"] * 50
+    # the same stack without the predictor sees a tie and picks both
+    bare = _slo_scheduler(write_without_predictor(path, tmp_path))
+    picks = {bare.scheduler.schedule(req, eps).targets[0].name for _ in range(50)}
+    assert picks == {"fast", "slow"}
+
+
+def test_per_endpoint_models_are_bounded_by_the_sample_ring_when_endpoints_churn():
+    import random
+
+    p = plugin("predicted-latency-producer", {"maxSamples": 64, "minSamples": 16})
+    rng = random.Random(4)
+    for i in range(100):  # 100 endpoints come and go, 16 observations each
+        _observe(p, f"e{i}", 1.0, 16, rng)
+    coef = p.refit()
+    # the ring holds the last 64 samples: the last 4 endpoints' 16 each, and only
+    # endpoints with >= minSamples in it get a model of their own
+    assert len(p.buffer) == 64
+    assert set(coef.ttft_by_endpoint) == {"e96", "e97", "e98", "e99"}
+    assert set(coef.tpot_by_endpoint) == {"e96", "e97", "e98", "e99"}
