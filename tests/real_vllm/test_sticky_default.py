@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 import aiohttp
 import pytest
 
-from epp.harness.localstack import start_epp_behind_envoy
-from epp.harness.procs import ProcessGroup
 from tests.real_vllm.conftest import MODEL_NAME
 from tests.real_vllm.helpers import TIMEOUT, get_text, post, value, wait_for
 
@@ -57,21 +54,6 @@ WORDS = [
 def system_prompt(group: int) -> str:
     words = [WORDS[(group * 7 + i * 3) % len(WORDS)] for i in range(300)]
     return f"You are assistant number {group}. " + " ".join(words) + "\n"
-
-
-@dataclass
-class Stack:
-    url: str
-    metrics_url: str
-
-
-@pytest.fixture(scope="module")
-def stack(vllm_pool):
-    # No --config: `epp serve` runs config/default.yaml, the shipped sticky default.
-    with ProcessGroup() as pg:
-        endpoints = [f"--endpoint={s.name}={s.hostport}" for s in vllm_pool.servers]
-        envoy, metrics_port = start_epp_behind_envoy(pg, endpoints)
-        yield Stack(envoy.url, f"http://127.0.0.1:{metrics_port}")
 
 
 async def server_counters(http: aiohttp.ClientSession, pool) -> dict[str, tuple[float, float]]:
@@ -141,7 +123,7 @@ async def test_in_flight_counts_return_to_zero_after_real_responses(stack, vllm_
         rows: list[dict] = []
 
         async def drained() -> bool:
-            rows[:] = json.loads(await get_text(http, stack.metrics_url + "/debug/endpoints"))
+            rows[:] = json.loads(await get_text(http, stack.epp_metrics_url + "/debug/endpoints"))
             return all(
                 row["inflight_requests"] == 0
                 and row["inflight_tokens"] == 0
