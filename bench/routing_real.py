@@ -22,8 +22,10 @@ server keeps its own groups, but not all on one server: spreading a group re-pre
 Setups: `rr` Envoy ROUND_ROBIN alone; `epp-load` Envoy + EPP, queue + kv-cache scorers;
 `epp-approx` config/prefix-weighted.yaml (prefix 3, queue 2, KV 2) with `tokenizer:`
 the model directory; `epp-sticky` config/prefix-aware.yaml (the shipped default, "sticky
-until saturated"), the same tokenizer; `epp-precise` config/precise-prefix.yaml in
-connect mode (the EPP dials every server's publisher), the same tokenizer; `vr-cache` /
+until saturated"), the same tokenizer; `epp-precise` config/precise-prefix.yaml (the
+default's shape on the precise index) and `epp-precise-weighted` config/precise-weighted.yaml
+(llm-d's blend), both in connect mode (the EPP dials every server's publisher), the same
+tokenizer; `vr-cache` /
 `vr-kv` vllm-router `--policy cache_aware` / `kv_aware` over the same servers (no Envoy),
 kv_aware fed by every server's KV events re-published under the empty topic
 (bench/routing_vr.py `EmptyTopicRelay`: vllm-router 0.1.17 reads only that topic, the
@@ -65,13 +67,23 @@ from epp.tokenizer import HFTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "scripts" / "vllm" / "serve.py"
-SETUPS = ["rr", "epp-load", "epp-approx", "epp-sticky", "epp-precise", "vr-cache", "vr-kv"]
+SETUPS = [
+    "rr",
+    "epp-load",
+    "epp-approx",
+    "epp-sticky",
+    "epp-precise",
+    "epp-precise-weighted",
+    "vr-cache",
+    "vr-kv",
+]
 LABELS = {
     "rr": "(a) Envoy round-robin",
     "epp-load": "(b) EPP load (queue+kv)",
     "epp-approx": "(c) EPP approx prefix (weighted blend), model tokenizer",
     "epp-sticky": "(e) EPP sticky until saturated (default), model tokenizer",
-    "epp-precise": "(d) EPP precise prefix, model tokenizer",
+    "epp-precise": "(d) EPP precise prefix, sticky shape, model tokenizer",
+    "epp-precise-weighted": "(d') EPP precise prefix, weighted blend, model tokenizer",
     "vr-cache": "(f) vllm-router cache_aware",
     "vr-kv": "(f) vllm-router kv_aware (KV events)",
 }
@@ -235,7 +247,8 @@ def precise_connect(text: str, model_dir: str) -> str:
 CONFIG_FILES = {
     "epp-approx": "prefix-weighted.yaml",  # the weighted blend (prefix 3, queue 2, KV 2)
     "epp-sticky": "prefix-aware.yaml",  # the shipped default (config/default.yaml)
-    "epp-precise": "precise-prefix.yaml",
+    "epp-precise": "precise-prefix.yaml",  # the default's shape on the precise index
+    "epp-precise-weighted": "precise-weighted.yaml",  # llm-d's blend (prefix 3, queue 2, KV 2)
 }
 
 
@@ -245,7 +258,7 @@ def config_for(setup: str, tmp: Path, args: argparse.Namespace) -> Path:
         path.write_text(LOAD_CONFIG)
         return path
     text = (ROOT / "config" / CONFIG_FILES[setup]).read_text()
-    if setup == "epp-precise":
+    if setup.startswith("epp-precise"):
         path.write_text(precise_connect(text, args.model_dir))
     else:
         path.write_text(with_tokenizer(text, args.model_dir))
@@ -331,7 +344,7 @@ def start_router(
             sources = relay.addresses
         return VR.start_router(pg, args.router, setup, urls, 120.0, sources, BLOCK, MODEL)
     endpoints = [f"--endpoint=vllm-{i}=127.0.0.1:{p}" for i, p in enumerate(ports)]
-    if setup == "epp-precise":
+    if setup.startswith("epp-precise"):
         endpoints = [
             f"{e};epp.kv-events-port={k}" for e, (_, k) in zip(endpoints, pool, strict=True)
         ]
@@ -348,7 +361,7 @@ def run_setup(setup: str, pool: list[tuple[int, int]], args: argparse.Namespace)
     ports = [port for port, _ in pool]
     with tempfile.TemporaryDirectory() as tmp, ProcessGroup() as pg, ExitStack() as stack:
         url = start_router(stack, pg, setup, pool, Path(tmp), args)
-        if setup in ("epp-precise", "vr-kv"):
+        if setup.startswith("epp-precise") or setup == "vr-kv":
             time.sleep(2.0)  # the subscribers' sockets reach the servers' publishers
         row = asyncio.run(drive(url, ports, bodies, args))
         if setup.startswith("vr-"):  # did it route on prefixes? (its own counters)

@@ -59,7 +59,9 @@ def test_each_server_binds_its_kv_publisher_and_serves_the_render_routes(model_d
     assert cmd[cmd.index("--block-size") + 1] == "32"
 
 
-@pytest.mark.parametrize("setup", ["epp-approx", "epp-sticky", "epp-precise", "epp-load"])
+@pytest.mark.parametrize(
+    "setup", ["epp-approx", "epp-sticky", "epp-precise", "epp-precise-weighted", "epp-load"]
+)
 def test_epp_configs_load_and_tokenize_with_the_model(setup, model_dir, tmp_path) -> None:
     rr = load()
     path = rr.config_for(setup, tmp_path, args_for(model_dir))
@@ -68,9 +70,11 @@ def test_epp_configs_load_and_tokenize_with_the_model(setup, model_dir, tmp_path
     plugins = {p["type"]: p.get("parameters", {}) for p in yaml.safe_load(text)["plugins"]}
     if setup in ("epp-approx", "epp-sticky"):
         assert plugins["approx-prefix-cache-producer"]["tokenizer"] == model_dir
-    if setup == "epp-sticky":  # the shipped default's filter, not the weighted blend
+    if setup in ("epp-sticky", "epp-precise"):  # the default's shape, not the weighted blend
         assert "prefix-cache-affinity-filter" in plugins
-    if setup == "epp-precise":
+    if setup == "epp-precise-weighted":
+        assert "prefix-cache-affinity-filter" not in plugins and "queue-scorer" in plugins
+    if setup.startswith("epp-precise"):
         producer = plugins["precise-prefix-cache-producer"]
         assert producer["mode"] == "connect" and "endpoint" not in producer
         assert producer["tokenizer"] == model_dir
