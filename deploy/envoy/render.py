@@ -113,6 +113,10 @@ _OBSERVER_EDITS = [
           #   - client gone or upstream reset mid-response: the chunks so far, no end_of_stream;
           #   - in every case Envoy half-closes the gRPC stream deferred_close_timeout after
           #     the HTTP stream ends: that is when a cut response is given back (incomplete).
+          #     The EPP ends the stream itself once it has the end (or nothing to observe),
+          #     as ext_proc.proto allows; the response to the client is unaffected.
+          # Envoy has no flow control towards an observer yet (ext_proc.proto, envoy#33319):
+          # an EPP slower than the responses makes Envoy buffer what it has not taken.
           # A request whose observer stream never comes is given back by the EPP after 10 s
           # (epp/extproc/handoff.py). One EPP per Envoy: with several in the ext_proc cluster
           # this stream may reach another replica than the one that routed, so

@@ -16,7 +16,11 @@ and ignores whatever the processor answers, so this stream answers nothing. What
   HTTP stream ended: `close()` then ends a response that did not end (complete=False).
 
 The request's `ResponseLeg` is claimed from the `RouteTable` by the route id; from then on
-this stream does what the in-path stream does with the response (`ResponseLeg`).
+this stream does what the in-path stream does with the response (`ResponseLeg`). Once
+there is nothing (more) to observe, `handle` says so and the servicer ends the gRPC
+stream: ext_proc.proto lets an observability-mode processor close the stream "to indicate
+that no more messages are needed", which spares Envoy sending the rest and holding the
+stream for the deferred close.
 """
 
 from __future__ import annotations
@@ -39,24 +43,24 @@ class ObserverStream:
         self.leg: ResponseLeg | None = None
         self.joined = False  # request headers seen (claimed or not)
 
-    def handle(self, msg: pb.ProcessingRequest) -> None:
+    def handle(self, msg: pb.ProcessingRequest) -> bool:
+        """Take one message; False once nothing more is wanted on this stream."""
         kind = msg.WhichOneof("request")
-        if kind == "request_headers":
-            if self.joined:
-                return
+        if kind == "request_headers" and not self.joined:
             self.joined = True
             route_id = m.header_map(msg.request_headers).get(ROUTE_ID)
             self.leg = self.routes.claim(route_id)
-            return
+            return self.leg is not None
         leg = self.leg
         if leg is None or leg.done:
-            return  # not ours to measure (local reply, another replica's, expired)
+            return False  # not ours to measure (local reply, another replica's, expired)
         if kind == "response_headers":
             leg.headers(msg.response_headers)
         elif kind == "response_body":
             leg.body(msg.response_body.body, msg.response_body.end_of_stream)
         elif kind == "response_trailers":
             leg.end(complete=True)
+        return not leg.done
 
     def close(self) -> None:
         """The stream ended: a response that did not end is given back, incomplete."""

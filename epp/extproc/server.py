@@ -217,11 +217,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             msg: pb.ProcessingRequest | None = first
             while msg is not None:
                 try:
-                    obs.handle(msg)
+                    if not obs.handle(msg):
+                        break  # nothing more to observe: end the stream (observer.py)
                 except Exception:  # a bug loses this measurement, never the server
                     log.exception("observing a response failed; the rest goes unobserved")
-                    obs.close()  # its hold given back now (incomplete), never leaked
-                    obs.leg = None
+                    break  # close() below gives its hold back (incomplete), never leaked
                 msg = await anext(messages, None)
         finally:
             obs.close()

@@ -98,9 +98,9 @@ def test_routing_sets_the_route_id_and_parks_the_hold_until_the_observer_ends_it
     assert ds.inflight("e0") == (1, PROMPT_TOKENS + OUTPUT_TOKENS) and records == []
 
     obs = ObserverStream(routes)
-    obs.handle(request_headers_with(route_id))
+    assert obs.handle(request_headers_with(route_id)) is True  # ours: more wanted
     assert len(routes) == 0 and routes.claimed == 1
-    obs.handle(observed(response_headers()))
+    assert obs.handle(observed(response_headers())) is True
     clock.now = 100.25
     obs.handle(observed(response_body(token("a"), False)))
     assert ds.inflight("e0") == (1, OUTPUT_TOKENS)  # first token: prefill no longer pending
@@ -109,7 +109,8 @@ def test_routing_sets_the_route_id_and_parks_the_hold_until_the_observer_ends_it
     obs.handle(observed(response_body(last, False)))
     # Envoy's STREAMED observer ends with an empty chunk carrying end_of_stream.
     clock.now = 100.5
-    obs.handle(observed(response_body(b"", True)))
+    # ended: nothing more wanted, the servicer closes the stream
+    assert obs.handle(observed(response_body(b"", True))) is False
     assert ds.inflight("e0") == (0, 0)
     (rec,) = records
     # TTFT 100.25 − 100 = 250 ms; ITL (100.45 − 100.25) / (3 − 1) tokens = 100 ms.
@@ -163,7 +164,8 @@ def test_a_local_reply_with_no_request_headers_is_ignored():
     ds, director, observer, clock, routes, records = setup()
     route(director, observer, clock, routes)
     obs = ObserverStream(routes)  # the EPP's own 400 for another request: response only
-    obs.handle(observed(response_headers(status="400", ctype="application/json")))
+    local_reply = observed(response_headers(status="400", ctype="application/json"))
+    assert obs.handle(local_reply) is False  # nothing to observe: closed at once
     obs.handle(observed(response_body(b'{"error": {}}', True)))
     obs.close()
     assert len(routes) == 1 and ds.inflight("e0")[0] == 1 and records == []
@@ -179,7 +181,7 @@ def test_an_id_that_is_not_a_parked_one_claims_nothing(route_id, foreign, unknow
     if route_id is not None:
         route_id = route_id.replace("<nonce>", routes.nonce)
     obs = ObserverStream(routes)
-    obs.handle(request_headers_with(route_id))
+    assert obs.handle(request_headers_with(route_id)) is False
     obs.handle(observed(response_headers()))
     obs.handle(observed(response_body(token("a"), True)))
     obs.close()
