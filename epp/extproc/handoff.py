@@ -20,6 +20,7 @@ stream ends, whatever way it ended).
 The id is `<replica nonce>.<counter>`: unique per process, so a client cannot guess a
 live one from another request (and client-sent values are removed before routing); the
 nonce lets an observer stream tell "routed by another replica" from "unknown or expired".
+Each outcome is counted in `epp_response_observer_joins_total{outcome}`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from collections.abc import Callable
 from itertools import count
 
 from epp.extproc.response_leg import ResponseLeg
+from epp.observability import OBSERVER_JOINS
+
+_JOINED = OBSERVER_JOINS.labels(outcome="joined")
+_EXPIRED = OBSERVER_JOINS.labels(outcome="expired")
+_FOREIGN = OBSERVER_JOINS.labels(outcome="foreign")
+_UNKNOWN = OBSERVER_JOINS.labels(outcome="unknown")
 
 # Twice the ext_proc cluster's connect_timeout (deploy/envoy/envoy.yaml): see above.
 JOIN_TIMEOUT = 10.0
@@ -69,11 +76,14 @@ class RouteTable:
         entry = self._legs.pop(route_id, None) if route_id else None
         if entry is not None:
             self.claimed += 1
+            _JOINED.inc()
             return entry[1]
         if route_id and not route_id.startswith(self.nonce + "."):
             self.foreign += 1
+            _FOREIGN.inc()
         else:
             self.unknown += 1
+            _UNKNOWN.inc()
         return None
 
     def sweep(self) -> float | None:
@@ -86,6 +96,7 @@ class RouteTable:
                 return parked + self.join_timeout
             del self._legs[route_id]
             self.expired += 1
+            _EXPIRED.inc()
             leg.end(complete=False)
         return None
 

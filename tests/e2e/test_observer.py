@@ -6,6 +6,7 @@ Streaming, non-streaming, client disconnect and an upstream killed mid-stream ru
 tests/e2e/test_response_path.py on both paths."""
 
 import asyncio
+import urllib.request
 
 import aiohttp
 import pytest
@@ -52,6 +53,7 @@ async def test_a_bodyless_request_is_joined_and_released(stack):
 
 async def test_forty_concurrent_streams_all_come_back_to_zero(stack):
     before = metric(stack, "inference_objective_request_ttft_seconds_count")
+    joins = metric(stack, "epp_response_observer_joins_total")
     body = {**STREAM, "max_tokens": 10}
 
     async def one(session):
@@ -66,3 +68,7 @@ async def test_forty_concurrent_streams_all_come_back_to_zero(stack):
     assert inflight(stack) == 0
     # every one observed: 40 TTFTs (none lost to a wrong join)
     assert metric(stack, "inference_objective_request_ttft_seconds_count") == before + 40
+    # 40 joins, every one "joined" (none expired, foreign or unknown)
+    assert metric(stack, "epp_response_observer_joins_total") == joins + 40
+    text = urllib.request.urlopen(stack.epp_metrics_url + "/metrics", timeout=5).read().decode()
+    assert 'epp_response_observer_joins_total{outcome="expired"} 0.0' in text
