@@ -483,7 +483,7 @@ def tables(rows: list[dict], rates: list[float]) -> str:
             hit = "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.1f} %"
             wait = "-" if r["waiting"] is None else f"{r['waiting']:.2f}"
             out.append(
-                f"| {LABELS.get(r['setup'], r['setup'])} | {r['offered']:.1f} | "
+                f"| {label(r['setup'])} | {r['offered']:.1f} | "
                 f"{r['tok_s']:.0f} | {fmt_s(r['ttft_p50'])} | {fmt_s(r['ttft_p90'])} | "
                 f"{fmt_s(r['ttft_p99'])} | {hit} | {wait} | {r['errors']} |"
             )
@@ -500,7 +500,7 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
     for setup in dict.fromkeys(r["setup"] for r in rows):
         pts = [(r["rate"], r["ttft_p90"]) for r in rows if r["setup"] == setup and r["ttft_p90"]]
         if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=LABELS.get(setup, setup))
+            ax.plot(*zip(*pts, strict=True), marker="o", label=label(setup))
     ax.set_yscale("log")
     ax.set_xlabel("request rate (req/s, model time)")
     ax.set_ylabel("TTFT p90 (s, model time)")
@@ -803,6 +803,16 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     return args
+
+
+def label(setup: str) -> str:
+    """The table's name for a setup (NAME-obs: NAME's, marked as observer)."""
+    if setup in LABELS:
+        return LABELS[setup]
+    base = setup.removesuffix(OBSERVER_SUFFIX)
+    if base != setup and base in LABELS:
+        return LABELS[base] + ", response observed (envoy-observer.yaml)"
+    return setup
 
 
 def split_setup(setup: str) -> tuple[str, int | None]:
