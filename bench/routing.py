@@ -960,6 +960,8 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         print(matrix_module().ratio_table(rows))
         print()
         print(matrix_module().knee_table(rows))
+        print()
+        print(matrix_module().ttft_ratio_table(rows))
     for setup, why in skipped.items():
         print(f"\nskipped {setup}: {why}")
     if args.json:

@@ -35,3 +35,21 @@ def test_obs_setups_are_labelled_as_their_base_plus_observer(routing):
         routing.LABELS["epp-sticky"] + ", response observed (envoy-observer.yaml)"
     )
     assert routing.label("rr") == routing.LABELS["rr"]
+
+
+def test_ttft_ratio_table_divides_each_percentile_by_round_robins():
+    matrix = load_path(ROOT / "bench" / "routing_matrix.py", "routing_matrix_under_test")
+
+    def row(setup, p50, p90, p99):
+        return dict(scenario="one-prefix", rate=40.0, setup=setup, ttft_p50=p50, ttft_p90=p90,
+                    ttft_p99=p99)  # fmt: skip
+
+    rows = [
+        row("rr", 0.020, 0.040, 0.080),
+        row("epp-sticky", 0.030, 0.050, 0.100),
+        row("epp-sticky-obs", 0.020, 0.030, None),  # no p99 (e.g. every request failed)
+    ]
+    table = matrix.ttft_ratio_table(rows)
+    # 0.030 / 0.020 = 1.50, 0.050 / 0.040 = 1.25, 0.100 / 0.080 = 1.25; a missing one: "-"
+    assert "| one-prefix | 40 | 1.50 / 1.25 / 1.25 | - |" in table
+    assert "| scenario | req/s | epp-sticky | epp-sticky-obs |" in table
