@@ -282,7 +282,7 @@ class RequestStream:
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
         self._drop_body()
-        if self.phase is not Phase.DONE:
+        if self.leg is not None and self.phase is not Phase.DONE:
             self._end_response(complete=False)
 
     # ---- response phases --------------------------------------------------
