@@ -2,8 +2,10 @@
 
 - `promtext`: a Prometheus text-format reader that parses only the wanted families.
 - `metric_maps`: per-engine metric names (vLLM, SGLang, TRT-LLM) → `EndpointMetrics`.
-- `scraper`: `MetricsScraper`, one polling task per endpoint; `httpget` its keep-alive
-  GET client; `scrape_thread`: `ScraperThread`, the scraper on its own thread (`epp serve`).
+- `scraper`: the scrape rules and `MetricsScraper`, one asyncio polling task per endpoint;
+  `selector_scraper`: `SelectorScraper`, every http endpoint on one `selectors` loop (no
+  asyncio); `httpget` the HTTP/1.1 framing and the asyncio keep-alive GET client;
+  `scrape_thread`: `ScraperThread`, the scraper on its own thread (`epp serve`).
 - `endpoints_file`: static endpoints from YAML or `name=host:port;label=value` flags.
 - `k8s_pods` (pure), `k8s_reflector`, `k8s_discovery`, `k8s_cli`: the pool from a GIE
   InferencePool or a label selector, followed with the official Kubernetes client.

@@ -25,7 +25,15 @@ import ssl as _ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["BodyTooLarge", "ConnectError", "HttpGetClient", "ProtocolError", "Response"]
+__all__ = [
+    "BodyTooLarge",
+    "ConnectError",
+    "HttpGetClient",
+    "ProtocolError",
+    "Response",
+    "ResponseReader",
+    "request_bytes",
+]
 
 # A response head larger than this is not an HTTP server we want to read.
 MAX_HEAD_BYTES = 64 * 1024
@@ -63,83 +71,38 @@ class _Framing:
     LENGTH, CHUNKED, UNTIL_CLOSE = range(3)
 
 
-class _Conn(asyncio.Protocol):
-    """One connection; at most one request in flight (the client guarantees it)."""
+class ResponseReader:
+    """Frames one HTTP/1.x response from the bytes fed to it; no I/O, so the asyncio
+    client below and the scraper's selector loop (`epp/datalayer/selector_scraper.py`)
+    read responses the same way.
 
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
+    `feed(data)` returns the `Response` once complete (else None) and raises
+    `ProtocolError` or `BodyTooLarge`; `eof()` is the server closing the connection:
+    the response, if it was framed by the close, else None. `keep_alive` is False once
+    the head says the connection will not be reused.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.got_bytes = False
+        self.keep_alive = True
         self._buf = bytearray()
-        self._waiter: asyncio.Future[Response] | None = None
-        self._max = 0
-        self._got_bytes = False
-        self._reset()
-
-    def _reset(self) -> None:
         self._head: tuple[int, dict[str, str]] | None = None
         self._framing = _Framing.LENGTH
         self._length = 0
         self._body = bytearray()  # chunked: the decoded body so far
-        self._keep = True
 
-    # ---- asyncio.Protocol ------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        if self._waiter is None or self._waiter.done():
-            # Bytes nobody asked for: the connection is out of step; never reuse it.
-            self.close()
-            return
-        self._got_bytes = True
+    def feed(self, data: bytes) -> Response | None:
+        self.got_bytes = True
         self._buf += data
-        try:
-            response = self._parse()
-        except (ProtocolError, BodyTooLarge) as e:
-            self.close()
-            self._waiter.set_exception(e)
-            return
-        if response is not None:
-            if not self._keep:
-                self.close()
-            self._waiter.set_result(response)
+        return self._parse()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return
+    def eof(self) -> Response | None:
         if self._head is not None and self._framing == _Framing.UNTIL_CLOSE:
             status, headers = self._head
-            waiter.set_result(Response(status, headers, bytes(self._buf)))
-            return
-        error = ProtocolError("connection closed by the server before a full response")
-        if exc is not None:
-            error.__cause__ = exc
-        waiter.set_exception(error)
+            return Response(status, headers, bytes(self._buf))
+        return None
 
-    # ---- use -----------------------------------------------------------------
-    def request(self, raw: bytes, max_bytes: int) -> asyncio.Future[Response]:
-        assert self.transport is not None and not self.closed
-        self._reset()
-        self._buf.clear()
-        self._max = max_bytes
-        self._got_bytes = False
-        self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(raw)
-        return self._waiter
-
-    @property
-    def answered_nothing(self) -> bool:
-        """No byte of the current response arrived (a stale keep-alive connection)."""
-        return not self._got_bytes
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    # ---- framing -------------------------------------------------------------
     def _parse(self) -> Response | None:
         buf = self._buf
         while self._head is None:
@@ -161,15 +124,15 @@ class _Conn(asyncio.Protocol):
                 raise ProtocolError("more bytes than the announced Content-Length")
             return Response(status, headers, bytes(buf))
         if self._framing == _Framing.UNTIL_CLOSE:
-            if len(buf) > self._max:
-                raise BodyTooLarge(self._max, None)
+            if len(buf) > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes, None)
             return None
         return self._parse_chunks(status, headers)
 
     def _start_body(self, status: int, headers: dict[str, str]) -> None:
         self._head = (status, headers)
         conn = headers.get("connection", "").lower()
-        self._keep = "close" not in conn
+        self.keep_alive = "close" not in conn
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self._framing = _Framing.CHUNKED
         elif "content-length" in headers:
@@ -179,13 +142,13 @@ class _Conn(asyncio.Protocol):
                 raise ProtocolError("Content-Length is not a number") from None
             if length < 0:
                 raise ProtocolError("negative Content-Length")
-            if length > self._max:
-                raise BodyTooLarge(self._max, length)
+            if length > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes, length)
             self._framing, self._length = _Framing.LENGTH, length
         elif status in (204, 304):
             self._framing, self._length = _Framing.LENGTH, 0
         else:
-            self._framing, self._keep = _Framing.UNTIL_CLOSE, False
+            self._framing, self.keep_alive = _Framing.UNTIL_CLOSE, False
 
     def _parse_chunks(self, status: int, headers: dict[str, str]) -> Response | None:
         buf, body = self._buf, self._body
@@ -210,13 +173,75 @@ class _Conn(asyncio.Protocol):
                     return None
                 del buf[: end + 4]
                 return Response(status, headers, bytes(body))
-            if len(body) + size > self._max:
-                raise BodyTooLarge(self._max, None)
+            if len(body) + size > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes, None)
             need = line_end + 2 + size + 2
             if len(buf) < need:
                 return None
             body += buf[line_end + 2 : line_end + 2 + size]
             del buf[:need]
+
+
+class _Conn(asyncio.Protocol):
+    """One connection; at most one request in flight (the client guarantees it)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reader = ResponseReader(0)
+        self._waiter: asyncio.Future[Response] | None = None
+
+    # ---- asyncio.Protocol ------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiter is None or self._waiter.done():
+            # Bytes nobody asked for: the connection is out of step; never reuse it.
+            self.close()
+            return
+        try:
+            response = self._reader.feed(data)
+        except (ProtocolError, BodyTooLarge) as e:
+            self.close()
+            self._waiter.set_exception(e)
+            return
+        if response is not None:
+            if not self._reader.keep_alive:
+                self.close()
+            self._waiter.set_result(response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        response = self._reader.eof()
+        if response is not None:
+            waiter.set_result(response)
+            return
+        error = ProtocolError("connection closed by the server before a full response")
+        if exc is not None:
+            error.__cause__ = exc
+        waiter.set_exception(error)
+
+    # ---- use -----------------------------------------------------------------
+    def request(self, raw: bytes, max_bytes: int) -> asyncio.Future[Response]:
+        assert self.transport is not None and not self.closed
+        self._reader = ResponseReader(max_bytes)
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return self._waiter
+
+    @property
+    def answered_nothing(self) -> bool:
+        """No byte of the current response arrived (a stale keep-alive connection)."""
+        return not self._reader.got_bytes
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -233,6 +258,16 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     if parts[0] == "HTTP/1.0" and "keep-alive" not in headers.get("connection", "").lower():
         headers.setdefault("connection", "close")
     return int(parts[1]), headers
+
+
+def request_bytes(
+    host: str, port: int, path: str, headers: Mapping[str, str] | None = None
+) -> bytes:
+    """The bytes of `GET path HTTP/1.1` to host:port with `headers`."""
+    host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host_header}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class HttpGetClient:
@@ -259,10 +294,7 @@ class HttpGetClient:
         """One GET; raises ConnectError, ProtocolError, BodyTooLarge (and the caller's
         timeout, if it set one: the connection is then dropped)."""
         key = (host, port)
-        host_header = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        lines = [f"GET {path} HTTP/1.1", f"Host: {host_header}"]
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        raw = request_bytes(host, port, path, headers)
         conn = self._take(key)
         if conn is not None:
             try:

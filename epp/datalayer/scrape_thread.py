@@ -1,16 +1,18 @@
 """The scraper on its own thread, so no scrape, parse or scrape timer runs on the loop
 that serves ext_proc (issue 13 §6).
 
-`ScraperThread` owns one thread with its own asyncio loop, and runs a `MetricsScraper`
-there (per-endpoint polling tasks, the keep-alive client, Prometheus parsing). Results
+`ScraperThread` owns one thread. For `http` endpoints (every shipped shape) it runs a
+`SelectorScraper` there: every endpoint's polling on one `selectors` loop, no asyncio
+(`epp/datalayer/selector_scraper.py` says why). For `https` it runs a `MetricsScraper`
+on an asyncio loop of its own (TLS over non-blocking sockets is asyncio's). Results
 come back through a `HandoverSink`: appended to a list under a lock, and applied to the
 datastore on the datastore's own loop, by whichever comes first: the next
 `Datastore.snapshot()` (its inbox: a scheduling cycle sees every result that arrived
 before it) or a poll every `interval` (so an idle EPP's health stays current). So every
 datastore write still happens on the request loop, between scheduling cycles: a
-snapshot never sees half a scrape. Why not one `call_soon_threadsafe` per result: the
-wake-up (a write to the loop's self-pipe, the loop's read) was ~30 % of the scraper's
-CPU per scrape (py-spy, `bench/scrape_cpu.py`).
+snapshot never sees half a scrape, and the scheduler reads without a lock. Why not one
+`call_soon_threadsafe` per result: the wake-up (a write to the loop's self-pipe, the
+loop's read) was ~30 % of the scraper's CPU per scrape (py-spy, `bench/scrape_cpu.py`).
 
 Staleness keeps working: the scraper stamps each scrape with the datastore's clock, the
 request loop's `LoopClock` (thread-safe `now()`), which stands still while that loop is
@@ -19,8 +21,8 @@ too, so its scrapes time out "inconclusive" and the pool does not look dead. A b
 request loop no longer delays scrapes at all: this thread waits at most Python's GIL
 switch interval (5 ms) to run.
 
-Shutdown: `stop()` stops the scraper on its loop (tasks cancelled, connections closed),
-ends the loop and joins the thread; results still in flight are dropped.
+Shutdown: `stop()` stops the scraper (connections closed), ends the thread and joins
+it; results still in flight are dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import threading
 from collections.abc import Callable
 
 from epp.datalayer.scraper import DatastoreSink, MetricsScraper, ScrapeConfig
+from epp.datalayer.selector_scraper import SelectorScraper
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
 __all__ = ["HandoverSink", "ScraperThread"]
@@ -114,14 +117,15 @@ class HandoverSink:
 
 
 class ScraperThread:
-    """A `MetricsScraper` on its own thread and loop, feeding `datastore` on the loop that
-    calls `start()`. `async with ScraperThread(ds, config): ...` or `start()` / `await stop()`.
+    """The scraper on its own thread, feeding `datastore` on the loop that calls
+    `start()`. `async with ScraperThread(ds, config): ...` or `start()` / `await stop()`.
+    `scraper` is the `SelectorScraper` (http) or the `MetricsScraper` (https).
     """
 
     def __init__(self, datastore: Datastore, config: ScrapeConfig | None = None) -> None:
         self.datastore = datastore
         self.config = config or ScrapeConfig()
-        self.scraper: MetricsScraper | None = None
+        self.scraper: SelectorScraper | MetricsScraper | None = None
         self.sink: HandoverSink | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,15 +139,21 @@ class ScraperThread:
         self.sink = HandoverSink(
             DatastoreSink(self.datastore), asyncio.get_running_loop(), self.config.interval
         )
-        self._thread = threading.Thread(target=self._main, name=THREAD_NAME, daemon=True)
+        if self.config.scheme == "http":
+            self.scraper = SelectorScraper(self.datastore, self.config, self.sink)
+            target = self.scraper.run
+        else:
+            target = self._asyncio_main
+        self._thread = threading.Thread(target=target, name=THREAD_NAME, daemon=True)
         self._thread.start()
-        if not self._started.wait(_START_TIMEOUT):
-            raise RuntimeError(f"the scraper thread did not start within {_START_TIMEOUT:g}s")
-        if self._error is not None:
-            raise RuntimeError(f"the scraper thread failed to start: {self._error}")
+        if target == self._asyncio_main:
+            if not self._started.wait(_START_TIMEOUT):
+                raise RuntimeError(f"the scraper thread did not start within {_START_TIMEOUT:g}s")
+            if self._error is not None:
+                raise RuntimeError(f"the scraper thread failed to start: {self._error}")
         self.sink.start()  # results that came already wait in it
 
-    def _main(self) -> None:
+    def _asyncio_main(self) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
@@ -165,18 +175,20 @@ class ScraperThread:
                 loop.close()
 
     async def _start_scraper(self) -> None:
-        assert self.scraper is not None
+        assert isinstance(self.scraper, MetricsScraper)
         self.scraper.start()
 
     async def stop(self) -> None:
-        """Stop the scraper, end the loop, join the thread (off the caller's loop)."""
+        """Stop the scraper, end the thread, join it (off the caller's loop)."""
         thread, loop, scraper = self._thread, self._loop, self.scraper
         if thread is None:
             return
         self._thread = None
         if self.sink is not None:
             await self.sink.close()
-        if loop is not None and not loop.is_closed() and thread.is_alive():
+        if isinstance(scraper, SelectorScraper):
+            scraper.stop()
+        elif loop is not None and not loop.is_closed() and thread.is_alive():
             if scraper is not None:
                 fut = asyncio.run_coroutine_threadsafe(scraper.stop(), loop)
                 try:

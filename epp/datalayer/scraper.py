@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 # Ask for the classic text format, uncompressed: OpenMetrics adds exemplars after the
 # value, and gzip costs both sides CPU for a page that crosses a cluster network.
-_HEADERS = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
+SCRAPE_HEADERS = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "identity"}
 
 # Upstream `metrics-data-source` parameter names → ScrapeConfig fields.
 _PARAM_NAMES = {
@@ -164,7 +164,7 @@ def load_state(m: EndpointMetrics | None) -> tuple[object, ...] | None:
     )
 
 
-def _reason(exc: BaseException, timeout: float) -> str:
+def failure_reason(exc: BaseException, timeout: float) -> str:
     """A short, stable failure reason (stable so transition logging works)."""
     if isinstance(exc, TimeoutError):
         return f"timeout after {timeout:g}s"
@@ -262,7 +262,7 @@ class MetricsScraper:
         self._running = False
         self._unsubscribe: Callable[[], None] | None = None
         cfg = self.config
-        self._headers = {**_HEADERS}
+        self._headers = {**SCRAPE_HEADERS}
         self._ssl_context: ssl.SSLContext | None = None
         if cfg.scheme == "https":
             ctx = ssl.create_default_context()
@@ -445,11 +445,11 @@ class MetricsScraper:
         except TimeoutError as e:
             if self.datastore.clock() - started < cfg.timeout:
                 return INCONCLUSIVE
-            return _reason(e, cfg.timeout)
+            return failure_reason(e, cfg.timeout)
         except Exception as e:  # any failure is a failed scrape, never a dead task
             if not isinstance(e, ProtocolError | BodyTooLarge | OSError):
                 log.debug("unexpected scrape error for %s", ep.name, exc_info=True)
-            return _reason(e, cfg.timeout)
+            return failure_reason(e, cfg.timeout)
         if self._current(ep):
             self._latest[ep.name] = metrics
             self.sink.metrics(ep, metrics)
@@ -485,7 +485,9 @@ class MetricsScraper:
             except Exception as e:
                 if not failed:
                     log.info(
-                        "models of %s unavailable: %s", ep.name, _reason(e, self.config.timeout)
+                        "models of %s unavailable: %s",
+                        ep.name,
+                        failure_reason(e, self.config.timeout),
                     )
                 failed = True
             else:

@@ -73,7 +73,7 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
-from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_prompt_tokens
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_by_name
 
 _QUEUED_DEFAULT = 1024  # a typical chat prompt; only `live` reads it
 
@@ -160,11 +160,13 @@ class PrefixCacheAffinityFilter(Plugin):
         info: PrefixMatchInfo | None = state.read(PREFIX_MATCH_KEY)
         if info is None or len(endpoints) <= 1 or self.threshold <= 0:
             return endpoints
-        sticky, other = [], []
-        for e in endpoints:
-            (sticky if info.score(e.name) >= self.threshold else other).append(e)
+        names = info.names_scoring_at_least(self.threshold)
+        if not names:
+            return endpoints
+        sticky = [e for e in endpoints if e.endpoint.name in names]
         if not sticky:
             return endpoints
+        other = [e for e in endpoints if e.endpoint.name not in names]
         # Drawn only when it can matter, so a config without exploration uses no randomness.
         if self.exploration > 0 and self.rng.random() < self.exploration:
             return endpoints
@@ -192,10 +194,19 @@ class PrefixCacheAffinityFilter(Plugin):
     ) -> float:
         """The lowest estimated TTFT among `endpoints`, each counting this request's own
         uncached prompt tokens there when `prompt` > 0 (`includeRequest`)."""
-        if not prompt:
-            return min(map(self.ttft_ms, endpoints))
-        own = uncached_prompt_tokens(info, prompt, [e.name for e in endpoints])
-        return min(
-            (self.load_tokens(e) + u) / self.peak * 1000.0
-            for e, u in zip(endpoints, own, strict=True)
-        )
+        # One pass of plain attribute reads (`load_tokens` inlined), and the minimum taken
+        # on tokens: x / peak * 1000 is monotonic, so the least load is the least TTFT,
+        # bit for bit (issue 13 §6: 1,000 candidates per request).
+        whole = max(0, prompt)
+        get = uncached_by_name(info, prompt).get if prompt else {}.get
+        if self.live:
+            q = self.queued_tokens
+            loads = [
+                e.inflight_tokens
+                + (e.metrics.waiting_queue_size + e.inflight_requests) * q
+                + get(e.endpoint.name, whole)
+                for e in endpoints
+            ]
+        else:
+            loads = [e.inflight_prefill_tokens + get(e.endpoint.name, whole) for e in endpoints]
+        return min(loads) / self.peak * 1000.0

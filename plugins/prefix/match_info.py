@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 
 from epp.scheduling.types import PREFIX_MATCH_KEY  # declared by the framework, which reads it
 
-__all__ = ["PREFIX_MATCH_KEY", "PrefixMatchInfo", "uncached_prompt_tokens"]
+__all__ = [
+    "PREFIX_MATCH_KEY",
+    "PrefixMatchInfo",
+    "uncached_by_name",
+    "uncached_prompt_tokens",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,13 @@ class PrefixMatchInfo:
             return 0.0
         return min(1.0, self.matched.get(endpoint_name, 0.0) / self.total_blocks)
 
+    def names_scoring_at_least(self, threshold: float) -> frozenset[str]:
+        """The endpoints whose `score` is >= `threshold` (> 0): only matched ones can be,
+        so a filter need not call `score` for each of 1,000 candidates."""
+        if self.total_blocks <= 0:
+            return frozenset()
+        return frozenset(n for n in self.matched if self.score(n) >= threshold)
+
     def cached_tokens(self, endpoint_name: str) -> int:
         """Tokens the endpoint will serve from its cache: its leading cached blocks, at
         most the full blocks before the prompt's last token — vLLM always computes the
@@ -57,6 +69,13 @@ class PrefixMatchInfo:
         return blocks * self.block_size_tokens
 
 
+def uncached_by_name(info: PrefixMatchInfo, prompt_tokens: int) -> dict[str, int]:
+    """`uncached_prompt_tokens` for the endpoints with a match only; every other endpoint
+    prefills the whole prompt, `max(0, prompt_tokens)`. For callers that fold the lookup
+    into their own pass over 1,000 candidates (issue 13 §6)."""
+    return {n: max(0, prompt_tokens - info.cached_tokens(n)) for n in info.cached_blocks}
+
+
 def uncached_prompt_tokens(
     info: PrefixMatchInfo, prompt_tokens: int, names: Sequence[str]
 ) -> list[int]:
@@ -64,7 +83,7 @@ def uncached_prompt_tokens(
     prompt less what it caches (`cached_tokens`). llm-d's in-flight-load producer computes
     the same per endpoint (`UncachedRequestTokens`, formerly `CurrentRequestLoad`), which
     its `token-load-scorer` adds to each endpoint's in-flight tokens. Only endpoints with a
-    match are looked up, so 1,000 candidates cost one dict lookup each."""
-    cached = {name: info.cached_tokens(name) for name in info.cached_blocks}
-    get = cached.get
-    return [max(0, prompt_tokens - get(name, 0)) for name in names]
+    match are computed; the rest (most of 1,000 candidates) are one dict lookup each."""
+    whole = max(0, prompt_tokens)
+    get = uncached_by_name(info, prompt_tokens).get
+    return [get(name, whole) for name in names]

@@ -26,7 +26,7 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
-from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_prompt_tokens
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_by_name
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,15 @@ class TokenLoadScorer(Plugin):
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> list[float]:
         t, k = self.threshold, self.per_request
-        loads = [e.inflight_tokens + k * e.inflight_requests for e in endpoints]
         info: PrefixMatchInfo | None = state.read(PREFIX_MATCH_KEY)
-        if info is not None:
-            own = uncached_prompt_tokens(
-                info, request.prompt_tokens_estimate, [e.name for e in endpoints]
-            )
-            loads = [x + u for x, u in zip(loads, own, strict=True)]
-        return [1.0 - min(1.0, x / t) for x in loads]
+        if info is None:
+            loads = [e.inflight_tokens + k * e.inflight_requests for e in endpoints]
+        else:  # this request's uncached prompt there: a dict lookup, not a call, per endpoint
+            whole = max(0, request.prompt_tokens_estimate)
+            get = uncached_by_name(info, request.prompt_tokens_estimate).get
+            loads = [
+                e.inflight_tokens + k * e.inflight_requests + get(e.endpoint.name, whole)
+                for e in endpoints
+            ]
+        # 1 - min(1, load / t), without a call per endpoint (issue 13 §6: 1,000 candidates)
+        return [1.0 - (r if (r := x / t) < 1.0 else 1.0) for x in loads]

@@ -371,3 +371,90 @@ def test_agrees_with_prometheus_client_parser() -> None:
     for name in names:
         mine = [(s.labels, s.value) for s in got[name] if s.name == name]
         assert mine == ref[name], name
+
+
+# ---------------------------------------------------------------------------
+# The two-step reader (issue 13 §6): a names-only scan, then each line read alone and
+# cached. It must give what reading every line with `parse_line` gives.
+# ---------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from epp.datalayer import promtext  # noqa: E402
+
+
+def reference(text: str, wanted: set[str]) -> dict[str, list[Sample]]:
+    """Every line through `parse_line`, kept if its name is a wanted family (exact, or
+    a wanted name plus a suffix; an exact match wins)."""
+    out: dict[str, list[Sample]] = {}
+    for line in text.split("\n"):
+        s = parse_line(line)
+        if s is None:
+            continue
+        if s.name in wanted:
+            family = s.name
+        else:
+            bases = [s.name[: -len(x)] for x in promtext.SUFFIXES if s.name.endswith(x)]
+            matches = [b for b in bases if b in wanted]
+            if not matches:
+                continue
+            family = max(matches, key=len)
+        out.setdefault(family, []).append(s)
+    return out
+
+
+NAMES = ["vllm:a", "vllm:ab", "vllm:a_total", "vllm:b", "sglang:q", "x"]
+line_st = st.builds(
+    lambda blank, name, suffix, labels, value: f"{blank}{name}{suffix}{labels} {value}",
+    st.sampled_from(["", "", " ", "\t"]),
+    st.sampled_from([*NAMES, "vllm:c", "vllm:", "# HELP vllm:a x", "#"]),
+    st.sampled_from(["", "", "_total", "_bucket", "_sum", "_x"]),
+    st.sampled_from(["", "{}", '{a="1"}', '{a="x\\"y",b="2",}', '{a="1"', "{=}"]),
+    st.sampled_from(["1", "2.5", "NaN", "+Inf", "-1e3", "x", "3 1700000000"]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(line_st, max_size=12),
+    wanted=st.sets(st.sampled_from(NAMES), min_size=1),
+    crlf=st.booleans(),
+)
+def test_the_page_reader_equals_reading_every_line(lines, wanted, crlf) -> None:
+    text = ("\r\n" if crlf else "\n").join(lines)
+    want = comparable(reference(text, wanted))
+    assert comparable(parse(text.encode(), wanted)) == want
+    assert comparable(parse(text.encode(), wanted)) == want  # again, from the line cache
+
+
+def comparable(got: dict[str, list[Sample]]) -> dict[str, list[tuple[str, dict, str]]]:
+    return {f: [(s.name, s.labels, repr(s.value)) for s in ss] for f, ss in got.items()}  # NaN
+
+
+def test_cached_lines_give_the_caller_its_own_labels_and_changed_lines_are_reread() -> None:
+    page = 'vllm:num_requests_waiting{m="a"} 1\n'
+    first = parse(page.encode(), {"vllm:num_requests_waiting"})
+    first["vllm:num_requests_waiting"][0].labels["m"] = "changed by a caller"
+    again = parse(page.encode(), {"vllm:num_requests_waiting"})
+    assert again["vllm:num_requests_waiting"][0].labels == {"m": "a"}
+    changed = parse(page.replace(" 1", " 7").encode(), {"vllm:num_requests_waiting"})
+    assert changed["vllm:num_requests_waiting"][0].value == 7.0
+
+
+def test_long_lines_are_read_but_not_kept() -> None:
+    wanted = frozenset({"vllm:lora_requests_info"})
+    long_value = "x" * (promtext._CACHE_LINE_CHARS + 1)
+    page = f'vllm:lora_requests_info{{running_lora_adapters="{long_value}"}} 1\n'
+    got = parse(page.encode(), wanted)
+    assert got["vllm:lora_requests_info"][0].labels["running_lora_adapters"] == long_value
+    finder = promtext._finder(wanted)
+    assert finder is not None and all(len(k) <= promtext._CACHE_LINE_CHARS for k in finder.cache)
+
+
+@given(st.sets(st.text(alphabet="ab:_", min_size=1, max_size=5), min_size=1, max_size=6))
+def test_the_trie_alternation_matches_exactly_the_names(words) -> None:
+    import re
+
+    rx = re.compile(promtext._trie_regex(words))
+    for probe in {*words, *(w + "a" for w in words), *(w[:-1] for w in words), "b:a"}:
+        assert (rx.fullmatch(probe) is not None) == (probe in words), probe

@@ -84,3 +84,102 @@ def test_scored_endpoints_is_a_sequence_of_scored_endpoint():
     assert scored[1:] == [ScoredEndpoint(eps[1], 0.9), ScoredEndpoint(eps[2], 0.5)]
     with pytest.raises(ValueError, match="3 endpoints but 2 scores"):
         ScoredEndpoints(eps, [0.1, 0.2])
+
+
+# ---------------------------------------------------------------------------
+# The prefix-affinity filter and token-load scorer at 1,000 candidates (issue 13 §6):
+# one pass per candidate, no call per endpoint. They must give what the per-endpoint
+# formulas of their docstrings give, on random pools and random prefix matches.
+# ---------------------------------------------------------------------------
+import dataclasses  # noqa: E402
+
+from epp.request import new_request, parse_body  # noqa: E402
+from plugins.prefix.match_info import (  # noqa: E402
+    PREFIX_MATCH_KEY,
+    PrefixMatchInfo,
+    uncached_prompt_tokens,
+)
+from tests.helpers import plugin  # noqa: E402
+
+
+def random_pool(rng: random.Random, n: int) -> list[EndpointSnapshot]:
+    return [
+        dataclasses.replace(
+            s,
+            inflight_requests=rng.randrange(0, 8),
+            inflight_tokens=(p := rng.randrange(0, 5000)) + rng.randrange(0, 5000),
+            inflight_prefill_tokens=p,
+            metrics=EndpointMetrics(waiting_queue_size=rng.randrange(0, 5)),
+        )
+        for s in snaps(n)
+    ]
+
+
+def random_info(rng: random.Random, pool: list[EndpointSnapshot]) -> PrefixMatchInfo:
+    total = rng.randrange(1, 40)
+    hit = rng.sample(pool, rng.randrange(0, min(6, len(pool) + 1)))
+    blocks = {e.name: rng.randrange(0, total + 1) for e in hit}
+    return PrefixMatchInfo(
+        total_blocks=total, block_size_tokens=16, matched=blocks, cached_blocks=blocks,
+        prompt_tokens=total * 16,
+    )  # fmt: skip
+
+
+def request(tokens: int):
+    body = f'{{"model": "m", "prompt": "{"hello " * tokens}"}}'.encode()
+    return parse_body(new_request({}, "/v1/completions", "POST"), body)
+
+
+def reference_filter(f, info: PrefixMatchInfo, req, pool: list[EndpointSnapshot]):
+    """The filter as its docstring states it, one `score()` and `ttft_ms()` per endpoint."""
+    sticky = [e for e in pool if info.score(e.name) >= f.threshold]
+    other = [e for e in pool if info.score(e.name) < f.threshold]
+    if not sticky or len(pool) <= 1:
+        return pool
+    if f.max_penalty_ms > 0 and other:
+        prompt = req.prompt_tokens_estimate if f.include_request else 0
+
+        def best(group: list[EndpointSnapshot]) -> float:
+            own = uncached_prompt_tokens(info, prompt, [e.name for e in group])
+            return min(
+                (f.load_tokens(e) + u) / f.peak * 1000.0 for e, u in zip(group, own, strict=True)
+            )
+
+        if best(sticky) - best(other) > f.penalty_ms(info, sticky):
+            return pool
+    return sticky
+
+
+@pytest.mark.parametrize("signal", ["live", "prefill"])
+def test_affinity_filter_and_token_load_equal_their_per_endpoint_formulas(signal):
+    rng = random.Random(7)
+    f = plugin(
+        "prefix-cache-affinity-filter",
+        {
+            "loadSignal": signal,
+            "peakPrefillThroughput": 1000,
+            "maxTTFTPenaltyMs": 2000,
+            "includeRequest": True,
+            "cachedPenaltyFactor": 2,
+            **({"queuedRequestTokens": 300} if signal == "live" else {}),
+        },
+    )
+    scorer = plugin("token-load-scorer", {"perRequestTokens": 128, "queueThresholdTokens": 20000})
+    outcomes = set()
+    for trial in range(200):
+        pool = random_pool(rng, rng.choice([2, 10, 1000]))
+        info = random_info(rng, pool)
+        req = request(rng.randrange(1, 400))
+        state = CycleState()
+        state.write(PREFIX_MATCH_KEY, info)
+        got = f.filter(state, req, pool)
+        want = reference_filter(f, info, req, pool)
+        assert got == want, trial
+        outcomes.add("all" if got is pool or len(got) == len(pool) else "sticky")
+        own = uncached_prompt_tokens(info, req.prompt_tokens_estimate, [e.name for e in pool])
+        by_formula = [
+            1.0 - min(1.0, (e.inflight_tokens + 128 * e.inflight_requests + u) / 20000)
+            for e, u in zip(pool, own, strict=True)
+        ]
+        assert scorer.score(state, req, pool) == by_formula  # exact
+    assert outcomes == {"all", "sticky"}  # both branches of the gate were exercised

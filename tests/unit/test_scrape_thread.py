@@ -11,6 +11,7 @@ import time
 from epp.datalayer.loopclock import LoopClock
 from epp.datalayer.scrape_thread import THREAD_NAME, HandoverSink, ScraperThread
 from epp.datalayer.scraper import DatastoreSink, ScrapeConfig
+from epp.datalayer.selector_scraper import SelectorScraper
 from epp.datastore import Datastore, EndpointMetrics
 from tests.unit.test_datalayer_scraper import ep_for, wait_for
 
@@ -83,10 +84,12 @@ async def test_stop_joins_the_thread_and_closes_connections(make_server) -> None
     await wait_for(lambda: all(ds.is_healthy(f"e{i}") for i in range(3)), "all healthy")
     assert len(scraper_threads()) == before + 1
     scraper = st.scraper
+    assert isinstance(scraper, SelectorScraper)  # http: the selector loop
+    await wait_for(lambda: scraper.open_connections >= 3, "kept-alive connections")
     await st.stop()
     assert len(scraper_threads()) == before
-    assert scraper is not None and not scraper.running
-    assert scraper.client is not None and scraper.client.idle_connections == 0
+    assert not scraper.running
+    assert scraper.open_connections == 0
     hits = [s.hits for s in servers]
     ds.set_endpoints([ep_for("e0", servers[0])])  # after stop: nothing reacts
     await asyncio.sleep(0.1)
