@@ -99,9 +99,3 @@ class RouteTable:
             _EXPIRED.inc()
             leg.end(complete=False)
         return None
-
-    def close(self) -> None:
-        """The server stops: end every parked leg."""
-        while self._legs:
-            _, (_, leg) = self._legs.popitem(last=False)
-            leg.end(complete=False)
