@@ -19,6 +19,16 @@ Windows rotate over the servers, `--rounds` times; medians.
 
 What it leaves out: Envoy, HTTP, the upstream; the gRPC/HTTP2 work is the same as behind
 Envoy (one stream per request, two messages each way).
+
+`--response-chunks N` compares the two response paths instead (minimal servicer left out):
+`epp serve --response-path on`, where after routing the client sends the response headers
+and N body chunks (the last with end_of_stream) on the same stream and reads each one back,
+as Envoy does in FULL_DUPLEX_STREAMED; and `--response-path observer`, where the routing
+stream ends at routing and a second stream, as Envoy's observability-mode filter opens it,
+carries the request headers with the `x-epp-route-id` the EPP set, the response headers and
+the N chunks, with no answers to wait for.
+
+    .venv/bin/python bench/extproc_cpu.py --response-chunks 18   # 16 tokens + usage + [DONE]
 """
 
 from __future__ import annotations
@@ -84,15 +94,50 @@ def _messages() -> list[bytes]:
     return [first.SerializeToString(), last.SerializeToString()]
 
 
+def _response_messages(chunks: int) -> list:
+    """Response headers and `chunks` SSE token chunks (vLLM-shaped), the last with
+    end_of_stream: what Envoy sends for a streamed completion."""
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    hdrs = {":status": "200", "content-type": "text/event-stream"}
+    out = [
+        pb.ProcessingRequest(
+            response_headers=pb.HttpHeaders(
+                headers=base_pb2.HeaderMap(
+                    headers=[
+                        base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in hdrs.items()
+                    ]
+                )
+            )
+        )
+    ]
+    event = (
+        b'data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" a"}]}\n\n'
+    )
+    for i in range(chunks):
+        out.append(
+            pb.ProcessingRequest(
+                response_body=pb.HttpBody(body=event, end_of_stream=i == chunks - 1)
+            )
+        )
+    return out
+
+
 # ---------------------------------------------------------------- the client (child)
 
 
-async def _client(port: int, concurrency: int, warmup: float, seconds: float, pid: int) -> dict:
+async def _client(
+    port: int, concurrency: int, warmup: float, seconds: float, pid: int, path: str, chunks: int
+) -> dict:
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+    from epp.headers import ROUTE_ID
+
     raw = _messages()
+    response = _response_messages(chunks) if path != "none" else []
     state = {"measuring": False, "running": True, "done": 0, "errors": 0, "first": ""}
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
@@ -101,12 +146,34 @@ async def _client(port: int, concurrency: int, warmup: float, seconds: float, pi
             call = stub.Process()
             for data in raw:
                 await call.write(pb.ProcessingRequest.FromString(data))
-            async for resp in call:
+            route_id = ""
+            while True:  # read(), not `async for`: the in-path response writes after it
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    break
                 if resp.HasField("immediate_response"):
                     raise RuntimeError(f"refused: {resp.immediate_response.body[:200]!r}")
+                for h in resp.request_headers.response.header_mutation.set_headers:
+                    if h.header.key == ROUTE_ID:
+                        route_id = h.header.raw_value.decode()
                 if resp.request_body.response.body_mutation.streamed_response.end_of_stream:
                     break
+            if path == "on":  # the response on the same stream, each message answered
+                for msg in response:
+                    await call.write(msg)
+                    await call.read()
             call.cancel()  # Envoy closes the stream once it has what it needs
+            if path == "observer":  # Envoy's observability-mode filter: a stream of its own
+                first = pb.ProcessingRequest.FromString(raw[0])
+                first.ClearField("protocol_config")
+                first.request_headers.headers.headers.add(key=ROUTE_ID, raw_value=route_id.encode())
+                obs = stub.Process()
+                for msg in [first, *response]:
+                    msg.observability_mode = True
+                    await obs.write(msg)
+                await obs.done_writing()
+                async for _ in obs:  # none expected; the EPP ends the stream at the end
+                    pass
 
         async def worker() -> None:
             while state["running"]:
@@ -149,19 +216,24 @@ def client_main(argv: Sequence[str]) -> None:
         ap.add_argument(f"--{name}", type=int, required=True)
     ap.add_argument("--warmup", type=float, required=True)
     ap.add_argument("--seconds", type=float, required=True)
+    ap.add_argument("--path", choices=("none", "on", "observer"), default="none")
+    ap.add_argument("--chunks", type=int, default=0)
     a = ap.parse_args(argv)
-    result = asyncio.run(_client(a.port, a.concurrency, a.warmup, a.seconds, a.pid))
+    result = asyncio.run(
+        _client(a.port, a.concurrency, a.warmup, a.seconds, a.pid, a.path, a.chunks)
+    )
     print(json.dumps(result), flush=True)
 
 
 # ---------------------------------------------------------------- the parent
 
 
-def window(port: int, pid: int, args: argparse.Namespace) -> dict:
+def window(port: int, pid: int, args: argparse.Namespace, path: str = "none") -> dict:
     argv = [
         sys.executable, __file__, "_client", "--port", str(port), "--pid", str(pid),
         "--concurrency", str(args.concurrency), "--warmup", str(args.warmup),
-        "--seconds", str(args.seconds),
+        "--seconds", str(args.seconds), "--path", path,
+        "--chunks", str(args.response_chunks),
     ]  # fmt: skip
     out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -229,15 +301,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--py-spy", metavar="BIN", help="then profile each server under load")
     ap.add_argument("--perf", action="store_true", help="then `perf record` each server")
     ap.add_argument("--profile-dir", type=Path, help="keep the raw profiles here")
+    ap.add_argument(
+        "--response-chunks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compare --response-path on vs observer with N response chunks per request",
+    )
     args = ap.parse_args(argv)
+    if args.response_chunks < 0:
+        ap.error("--response-chunks must be >= 0")
     started = time.monotonic()
     with ProcessGroup() as pg:
         _, hostports = start_sims(pg, SIM_ARGS)
         servers: list[tuple[str, int, int, bool]] = []  # label, pid, port, scrapes
-        pid, port, _ = start_minimal(pg, hostports[0])
-        servers.append(("minimal ext_proc", pid, port, False))
-        pid, port, _ = start_epp(pg, hostports, extra=args.epp_arg)
-        servers.append(("epp serve (this checkout)", pid, port, True))
+        paths: dict[str, str] = {}  # label → the response path the client plays
+        if args.response_chunks:
+            for mode in ("on", "observer"):
+                pid, port, _ = start_epp(pg, hostports, f"epp-{mode}", mode, extra=args.epp_arg)
+                label = f"epp serve --response-path {mode}, {args.response_chunks} chunks"
+                servers.append((label, pid, port, True))
+                paths[label] = mode
+        else:
+            pid, port, _ = start_minimal(pg, hostports[0])
+            servers.append(("minimal ext_proc", pid, port, False))
+            pid, port, _ = start_epp(pg, hostports, extra=args.epp_arg)
+            servers.append(("epp serve (this checkout)", pid, port, True))
         for i, checkout in enumerate(args.baseline):
             pid, port, _ = start_epp(
                 pg, hostports, f"epp{i}", checkout=checkout.resolve(), extra=args.epp_arg
@@ -249,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             order = servers[r % len(servers) :] + servers[: r % len(servers)]
             for label, pid, port, _ in order:
                 idles[label].append(idle_rate(pid, min(args.seconds, 3.0)))
-                w = window(port, pid, args)
+                w = window(port, pid, args, paths.get(label, "none"))
                 results[label].append(w)
                 print(
                     f"round {r + 1}: {label}: {w['requests'] / w['elapsed']:.0f} req/s, "
@@ -265,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"\n`python bench/extproc_cpu.py {' '.join(argv)}`: {args.rounds} rounds of "
         f"{args.seconds:g} s, concurrency {args.concurrency}, medians\n"
     )
-    print("| server | req/s | CPU ms/req | net of idle ms/req | idle ms CPU/s | vs minimal |")
+    print("| server | req/s | CPU ms/req | net of idle ms/req | idle ms CPU/s | vs the first row |")
     print("|---|---:|---:|---:|---:|---:|")
     base = None
     for label, *_ in servers:

@@ -36,7 +36,9 @@ that sends it the response phases (headers, FULL_DUPLEX_STREAMED body, trailers:
 deploy/envoy/envoy.yaml) with `--response-path off` behind an Envoy that skips them, on streamed
 completions of `--stream-tokens` tokens from a 2-replica sim (1 ms per token, so every token
 is its own chunk on the wire): the price of measuring responses, per request and per chunk. (a)-(c)
-above run with the response path off, as they were first measured.
+above run with the response path off, as they were first measured. A third configuration
+joins it: `--response-path observer` behind deploy/envoy/envoy-observer.yaml (the response on
+an observability-mode filter: Envoy sends every chunk and does not wait for the EPP).
 
 The machine may be shared: busy CPU time not spent by this benchmark's processes (from
 /proc/stat) is reported per window, and a window with more than `--max-foreign` CPUs of it is
@@ -263,7 +265,7 @@ def start_epp(
     pg: ProcessGroup,
     hostports: list[str],
     name: str = "epp",
-    response_path: bool = False,
+    response_path: bool | str = False,
     checkout: Path | None = None,
     extra: Sequence[str] = (),
 ) -> tuple[int, int, int]:
@@ -275,7 +277,7 @@ def start_epp(
         "-m", "epp.cli", "serve", "--host", "127.0.0.1",
         "--grpc-port", str(grpc_port), "--health-port", str(health_port),
         "--metrics-port", str(metrics_port),
-        "--response-path", "on" if response_path else "off",
+        "--response-path", _mode(response_path),
         *[f"--endpoint=sim-{i}={hp}" for i, hp in enumerate(hostports)], *extra,
     )  # fmt: skip
     env = {"PYTHONPATH": str(checkout)} if checkout is not None else None
@@ -284,6 +286,13 @@ def start_epp(
     )
     _wait_until(lambda: _healthy_endpoints(metrics_port) == len(hostports), "EPP endpoints", 30)
     return proc.pid, grpc_port, health_port
+
+
+def _mode(response_path: bool | str) -> str:
+    """True/False → on/off; "observer" as is."""
+    if isinstance(response_path, str):
+        return response_path
+    return "on" if response_path else "off"
 
 
 def _healthy_endpoints(metrics_port: int) -> int:
@@ -311,14 +320,17 @@ def start_minimal(pg: ProcessGroup, destination: str) -> tuple[int, int, int]:
 
 
 def envoy_options(
-    grpc_port: int, health_port: int, response_path: bool = False
+    grpc_port: int, health_port: int, response_path: bool | str = False
 ) -> envoy.EnvoyOptions:
+    """`response_path` True: in Envoy's path; "observer": on the observer filter."""
+    in_path = response_path is True
     return envoy.EnvoyOptions.loopback(
         grpc_port,
         health_port,
         request_body_mode="FULL_DUPLEX_STREAMED",
-        response_headers=response_path,
-        response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",
+        response_headers=in_path,
+        response_body_mode="FULL_DUPLEX_STREAMED" if in_path else "NONE",
+        observer=response_path == "observer",
     )
 
 
@@ -386,13 +398,19 @@ def start_stack(pg: ProcessGroup, baseline: Path | None = None, extra: Sequence[
 
 
 def start_response_stack(pg: ProcessGroup) -> Stack:
-    """One sim, two EPPs (response path on / off), each behind the Envoy that matches it."""
+    """One sim, three EPPs (response path on / observer / off), each behind the Envoy that
+    matches it."""
     pids: dict[str, int] = {}
     # Two replicas: the sim's engine loops tick every model millisecond, and eight of them
     # (plus both EPPs' scrapes) made the sim, not the EPP, the bottleneck.
     pids["sim"], hostports = start_sims(pg, STREAM_SIM_ARGS, STREAM_REPLICAS)
     targets = []
-    for key, on in (("on", True), ("off", False)):
+    modes: tuple[tuple[str, bool | str], ...] = (
+        ("on", True),
+        ("observer", "observer"),
+        ("off", False),
+    )
+    for key, on in modes:
         pids[f"epp-{key}"], grpc, health = start_epp(pg, hostports, f"epp-{key}", on)
         options = envoy_options(grpc, health, response_path=on)
         proxy = envoy.start_envoy(pg, options, name=f"envoy-{key}", timeout=60)
@@ -729,17 +747,22 @@ def response_table(rows: Rows, targets: list[Target], tokens: int) -> str:
             f"| {_med(r, 'reads'):.0f} | {_med(r, 'extproc'):.3f} | {_med(r, 'extproc_net'):.3f} "
             f"| {_med(r, 'envoy'):.3f} | {sum(x['errors'] for x in r):.0f} |"
         )
-    on, off = rows["on"], rows["off"]
-    # CPU s per 1000 requests = CPU ms per request.
-    epp = _med(on, "extproc_net") - _med(off, "extproc_net")
-    env = _med(on, "envoy") - _med(off, "envoy")
+    off = rows["off"]
     chunks = tokens + 2  # tokens, the usage event, [DONE] (as the sim writes them)
-    out.append(
-        f"\nresponse path on − off, per request of {tokens} streamed tokens: EPP "
-        f"{epp:+.3f} ms CPU ({epp * 1e3 / chunks:+.0f} us per response chunk, {chunks} "
-        f"chunks), Envoy {env:+.3f} ms CPU; EPP CPU on/off "
-        f"{_med(on, 'extproc_net') / _med(off, 'extproc_net'):.2f}x (net of idle)"
-    )
+    out.append("")
+    for key in ("on", "observer"):
+        if key not in rows:
+            continue
+        on = rows[key]
+        # CPU s per 1000 requests = CPU ms per request.
+        epp = _med(on, "extproc_net") - _med(off, "extproc_net")
+        env = _med(on, "envoy") - _med(off, "envoy")
+        out.append(
+            f"response path {key} − off, per request of {tokens} streamed tokens: EPP "
+            f"{epp:+.3f} ms CPU ({epp * 1e3 / chunks:+.0f} us per response chunk, {chunks} "
+            f"chunks), Envoy {env:+.3f} ms CPU; EPP CPU {key}/off "
+            f"{_med(on, 'extproc_net') / _med(off, 'extproc_net'):.2f}x (net of idle)"
+        )
     return "\n".join(out)
 
 

@@ -34,6 +34,9 @@ seeded request sequence, sent through:
   delivery with one EPP); with K > 1 the replicas also share their speculative entries
   (`speculativeSyncBind`/`speculativeSyncPeers`, one config per replica);
   `epp-precise-nosync@K` is the same without that sharing (each replica's own entries only);
+- `NAME-obs` (e.g. `epp-sticky-obs`): an EPP setup with the response measured on Envoy's
+  observability-mode filter (`--response-path observer`, deploy/envoy/envoy-observer.yaml)
+  instead of in Envoy's path, so the two run side by side in one invocation;
 - `vr-cache` / `vr-kv` / `vr-p2`: vllm-router (`pip install vllm-router` into a separate
   venv, `--router` gives its binary; skipped when absent) with `--policy cache_aware` /
   `kv_aware` (fed by every simulator's KV events) / `power_of_two`, over the same 8 URLs
@@ -123,6 +126,7 @@ CONFIGS = {
     "epp-sticky": "prefix-aware.yaml",
     "epp-rr": "epp-rr.yaml",
 }
+OBSERVER_SUFFIX = "-obs"  # epp-sticky-obs: epp-sticky with --response-path observer
 REPLICA_ONLY = {"epp-precise-nosync"}  # setups that exist only as NAME@K
 MATRIX_SETUPS = "rr,lr,epp-load,epp-approx,epp-sticky,epp-precise"
 
@@ -479,7 +483,7 @@ def tables(rows: list[dict], rates: list[float]) -> str:
             hit = "-" if r["hit_rate"] is None else f"{100 * r['hit_rate']:.1f} %"
             wait = "-" if r["waiting"] is None else f"{r['waiting']:.2f}"
             out.append(
-                f"| {LABELS.get(r['setup'], r['setup'])} | {r['offered']:.1f} | "
+                f"| {label(r['setup'])} | {r['offered']:.1f} | "
                 f"{r['tok_s']:.0f} | {fmt_s(r['ttft_p50'])} | {fmt_s(r['ttft_p90'])} | "
                 f"{fmt_s(r['ttft_p99'])} | {hit} | {wait} | {r['errors']} |"
             )
@@ -496,7 +500,7 @@ def plot(rows: list[dict], path: str, args: argparse.Namespace) -> None:
     for setup in dict.fromkeys(r["setup"] for r in rows):
         pts = [(r["rate"], r["ttft_p90"]) for r in rows if r["setup"] == setup and r["ttft_p90"]]
         if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=LABELS.get(setup, setup))
+            ax.plot(*zip(*pts, strict=True), marker="o", label=label(setup))
     ax.set_yscale("log")
     ax.set_xlabel("request rate (req/s, model time)")
     ax.set_ylabel("TTFT p90 (s, model time)")
@@ -568,7 +572,8 @@ def start_epp(
     envoy, _ = start_epp_behind_envoy(
         pg,
         [*endpoints, *common, *scrape],
-        response_path=args.response_path == "on",
+        response_path=args.response_path != "off",
+        observer=args.response_path == "observer",
         n_epps=n_epps,
         per_epp_args=[["--config", str(c)] for c in per_epp_configs or ()],
     )
@@ -615,6 +620,10 @@ def sync_configs(tmp: Path, n: int, block_size: int) -> list[Path]:
 
 def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Path):
     setup, n_epps = split_setup(setup)
+    if setup.startswith("epp-") and setup.endswith(OBSERVER_SUFFIX):
+        setup = setup.removesuffix(OBSERVER_SUFFIX)
+        args = copy.copy(args)
+        args.response_path = "observer"
     if n_epps is not None:  # NAME@K: K replicas (connect-mode KV events for precise)
         precise = setup in ("epp-precise", "epp-precise-nosync")
         kv_base = free_port_range(args.servers) if precise else None
@@ -751,10 +760,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--response-path",
-        choices=("on", "off"),
+        choices=("on", "off", "observer"),
         default="on",
         help="the EPP's response path (--response-path of epp serve, and Envoy's response "
-        "phases); off: no TTFT/ITL observations and in-flight counts end at routing (on)",
+        "phases); off: no TTFT/ITL observations and in-flight counts end at routing; "
+        "observer: on Envoy's observability-mode filter (envoy-observer.yaml); a setup "
+        "named NAME-obs uses it for that setup alone (on)",
     )
     p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
     p.set_defaults(trace=None)  # set by a trace scenario (SCENARIOS), not a flag
@@ -794,6 +805,16 @@ def finish_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     return args
 
 
+def label(setup: str) -> str:
+    """The table's name for a setup (NAME-obs: NAME's, marked as observer)."""
+    if setup in LABELS:
+        return LABELS[setup]
+    base = setup.removesuffix(OBSERVER_SUFFIX)
+    if base != setup and base in LABELS:
+        return LABELS[base] + ", response observed (envoy-observer.yaml)"
+    return setup
+
+
 def split_setup(setup: str) -> tuple[str, int | None]:
     """`epp-approx@2` → ("epp-approx", 2); a plain name → (name, None)."""
     base, at, k = setup.partition("@")
@@ -802,6 +823,8 @@ def split_setup(setup: str) -> tuple[str, int | None]:
 
 def _known_setup(setup: str) -> bool:
     base, _, k = setup.partition("@")
+    if base.startswith("epp-") and base.endswith(OBSERVER_SUFFIX):
+        base = base.removesuffix(OBSERVER_SUFFIX)
     if not k:
         return base in SETUPS
     known = base in SETUPS or base in REPLICA_ONLY
@@ -937,6 +960,8 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         print(matrix_module().ratio_table(rows))
         print()
         print(matrix_module().knee_table(rows))
+        print()
+        print(matrix_module().ttft_ratio_table(rows))
     for setup, why in skipped.items():
         print(f"\nskipped {setup}: {why}")
     if args.json:

@@ -158,6 +158,32 @@ def ratio_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def ttft_ratio_table(rows: list[dict]) -> str:
+    """Per scenario and rate: each setup's TTFT p50 / p90 / p99 as ratios to rr's (e.g.
+    in-path vs observer response path, `NAME-obs` setups, side by side)."""
+    setups = [s for s in dict.fromkeys(r["setup"] for r in rows) if s != "rr"]
+    out = [
+        "TTFT p50 / p90 / p99 as ratios to Envoy round-robin (< 1 is better)\n",
+        "| scenario | req/s | " + " | ".join(setups) + " |",
+        "|---|---:|" + "---:|" * len(setups),
+    ]
+    k = by_key(rows)
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        for rate in dict.fromkeys(r["rate"] for r in rows if r["scenario"] == scenario):
+            rr = k.get((scenario, rate, "rr"))
+            cells = []
+            for s in setups:
+                r = k.get((scenario, rate, s))
+                got = [
+                    ratio(r[q], rr[q]) if r is not None and rr is not None else None
+                    for q in ("ttft_p50", "ttft_p90", "ttft_p99")
+                ]
+                ok = all(x is not None for x in got)
+                cells.append(" / ".join(f"{x:.2f}" for x in got) if ok else "-")
+            out.append(f"| {scenario} | {rate:g} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def plot_matrix(rows: list[dict], path: str) -> None:
     """Two heat maps, scenario x setup, at each scenario's highest rate: TTFT p90 and output
     tokens/s as ratios to round-robin (log colour scale, centred on 1)."""

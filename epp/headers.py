@@ -25,6 +25,9 @@ INFERENCE_TTL = "x-llm-d-inference-ttl"
 # Headers (and dynamic-metadata keys) the EPP sets for Envoy and the model servers.
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
 PREFILLER_HOST_PORT = "x-prefiller-host-port"  # read by the decode-side sidecar
+# Set on the upstream request in `--response-path observer` mode: the observer ext_proc
+# stream reads it to join the request's in-flight record (epp/extproc/handoff.py).
+ROUTE_ID = "x-epp-route-id"
 
 # Envoy dynamic metadata: where the EPP writes its pick, where the gateway's subset hint is.
 LB_METADATA_NAMESPACE = "envoy.lb"

@@ -119,6 +119,15 @@ REQUESTS_TOTAL = Counter(
     ["model_name", "target_model_name", "priority"],
     registry=REGISTRY,
 )
+# `--response-path observer` (epp/extproc/handoff.py): how each routed request's observer
+# stream went. joined: measured; expired: none came within the join timeout (given back
+# by the sweep, unmeasured); foreign: another replica's route id; unknown: no id of ours.
+OBSERVER_JOINS = Counter(
+    "epp_response_observer_joins",
+    "Observer streams (--response-path observer) by outcome of the join to a routed request.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 REQUEST_ERRORS = Counter(
     "inference_objective_request_error",
     "Requests refused by the EPP, by error code.",

@@ -53,6 +53,7 @@ from epp.datastore import Datastore, Endpoint
 from epp.director import ColdStart, Director
 from epp.election import cli as election_cli
 from epp.election.base import Elector
+from epp.extproc.handoff import RouteTable
 from epp.extproc.server import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -123,6 +124,9 @@ class ServeOptions:
     # Measure responses (TTFT, ITL, usage; in-flight until the response ends). Needs
     # Envoy's response phases (deploy/envoy/envoy.yaml ships them on).
     response_path: bool = True
+    # `--response-path observer`: the response comes on Envoy's second, observability-mode
+    # ext_proc stream (deploy/envoy/envoy-observer.yaml), off the client's path.
+    response_observer: bool = False
     # `--planner FILE`: the parsed planner file and its profile (sla/dynamo modes).
     planner: PlannerConfig | None = None
     planner_profile: Profile | None = None
@@ -234,6 +238,7 @@ class EppServer:
             observer=self.observer,
             limits=o.limits,
             tls=o.tls,
+            routes=RouteTable() if o.response_observer and self.observer else None,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -534,12 +539,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k8s_cli.add_arguments(p)
     p.add_argument(
         "--response-path",
-        choices=["on", "off"],
+        choices=["on", "off", "observer"],
         default="on",
         help="measure responses (TTFT, ITL, usage, metrics, PostResponse plugins) and hold "
         "in-flight counts until each response ends (on, the default; Envoy must send the "
-        "response phases as deploy/envoy/envoy.yaml does). off: for an Envoy that skips "
-        "them, which saves EPP CPU per response chunk but ends in-flight counts at routing",
+        "response phases as deploy/envoy/envoy.yaml does). observer: the same, measured on "
+        "Envoy's second ext_proc filter in observability mode, so response chunks do not "
+        "wait for the EPP (deploy/envoy/envoy-observer.yaml; one EPP per Envoy). off: for "
+        "an Envoy that skips them, which saves EPP CPU per response chunk but ends "
+        "in-flight counts at routing",
     )
     p.add_argument(
         "--planner",
@@ -628,7 +636,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         watch_file=args.endpoints if args.endpoints and not args.no_watch_endpoints else None,
         extra_endpoints=flagged,
         kubernetes=kube,
-        response_path=args.response_path == "on",
+        response_path=args.response_path != "off",
+        response_observer=args.response_path == "observer",
         planner=planner,
         planner_profile=profile,
         objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),

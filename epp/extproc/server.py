@@ -6,12 +6,18 @@ Envoy closing it, cancellation) its `close()` runs and in-flight counts are give
 The servicer owns what spans streams: the server-wide body budget, the body deadline
 (a request not complete within `body_timeout` gets 408), and draining (on SIGTERM new
 streams are refused while open ones finish).
+
+With `routes` (`--response-path observer`) a stream whose first message has
+`observability_mode` set is Envoy's observer filter's: it goes to an `ObserverStream`
+(epp/extproc/observer.py), which joins the routed request by its route id; the servicer
+also runs the `RouteTable`'s sweep (a timer armed only while legs wait to be claimed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -25,6 +31,8 @@ from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
 from epp.extproc.cert_reload import CertReloader
+from epp.extproc.handoff import RouteTable
+from epp.extproc.observer import ObserverStream
 from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
@@ -119,7 +127,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         director: Director,
         limits: StreamLimits | None = None,
         observer: ResponseObserver | None = None,
+        routes: RouteTable | None = None,
     ) -> None:
+        if routes is not None and observer is None:
+            raise ValueError("the observer mode (routes) needs the response observer")
         self.director = director
         self.limits = limits or StreamLimits()
         self.max_body_bytes = self.limits.max_body_bytes
@@ -130,6 +141,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self._warned_no_response = False
+        self.routes = routes
+        self._sweep_timer: asyncio.TimerHandle | None = None
+        self._warned: set[str] = set()
 
     async def Process(
         self,
@@ -146,11 +160,13 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             body_limits=lim.body,
             header_limits=lim.headers,
             budget=self.budget,
+            routes=self.routes,
         )
         self.open_streams += 1
         self._idle.clear()
         deadline = _BodyDeadline(asyncio.get_running_loop(), lim.body_timeout)
         messages = aiter(request_iterator)
+        first = True
         try:
             while True:
                 try:
@@ -165,8 +181,16 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     for resp in stream.body_timed_out(lim.body_timeout):
                         yield resp
                     break
+                if first:
+                    first = False
+                    if msg.observability_mode:  # Envoy's observer filter: nothing to answer
+                        deadline.cancel()
+                        await self._observe(msg, messages)
+                        break
                 for resp in await stream.handle_async(msg):
                     yield resp
+                if self.routes is not None and self._sweep_timer is None and len(self.routes):
+                    self._arm_sweep(self.routes.join_timeout)
             self._check_response_phases(stream)
         finally:
             deadline.cancel()
@@ -174,6 +198,65 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             if not self.open_streams:
                 self._idle.set()
             stream.close()
+
+    async def _observe(
+        self, first: pb.ProcessingRequest, messages: AsyncIterator[pb.ProcessingRequest]
+    ) -> None:
+        """An observability-mode stream to its end (Envoy ignores any answer)."""
+        if self.routes is None:
+            self._warn_once(
+                "observer",
+                "Envoy sends an observability-mode ext_proc stream, but this EPP does not "
+                "run --response-path observer: ignored (its responses go unmeasured)",
+            )
+            async for _ in messages:
+                pass
+            return
+        obs = ObserverStream(self.routes)
+        try:
+            msg: pb.ProcessingRequest | None = first
+            while msg is not None:
+                try:
+                    if not obs.handle(msg):
+                        break  # nothing more to observe: end the stream (observer.py)
+                except Exception:  # a bug loses this measurement, never the server
+                    log.exception("observing a response failed; the rest goes unobserved")
+                    break  # close() below gives its hold back (incomplete), never leaked
+                msg = await anext(messages, None)
+        finally:
+            obs.close()
+        if self.routes.foreign:
+            self._warn_once(
+                "foreign",
+                "an observer stream carries another EPP replica's route id: with several "
+                "EPPs behind one ext_proc cluster use the in-path response "
+                "(deploy/envoy/envoy-replicas.yaml, --response-path on)",
+            )
+
+    def _arm_sweep(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._sweep_timer = loop.call_later(max(delay, 0.0), self._sweep)
+
+    def _sweep(self) -> None:
+        """End the parked legs nobody claimed within the join timeout (handoff.py)."""
+        self._sweep_timer = None
+        assert self.routes is not None
+        expired = self.routes.expired
+        next_at = self.routes.sweep()
+        if self.routes.expired > expired:
+            self._warn_once(
+                "expired",
+                f"a routed request's observer stream did not come within "
+                f"{self.routes.join_timeout:g}s; its in-flight counts were given back. Envoy "
+                "needs the observer filter of deploy/envoy/envoy-observer.yaml",
+            )
+        if next_at is not None:
+            self._arm_sweep(next_at - time.monotonic())
+
+    def _warn_once(self, key: str, text: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(text)
 
     async def drain(self, grace: float) -> bool:
         """Refuse new streams; wait up to `grace` seconds for open ones. True if all ended."""
@@ -188,6 +271,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         """Envoy closed a routed stream without sending its response: its config skips
         the response phases, so in-flight counts end at routing. Say so once."""
         if self.observer is None or self._warned_no_response or stream.phase is not Phase.ROUTED:
+            return
+        if self.routes is not None:  # observer mode: the response comes on another stream
             return
         self._warned_no_response = True
         log.warning(
@@ -233,19 +318,21 @@ async def start_grpc_servers(
     observer: ResponseObserver | None = None,
     limits: StreamLimits | None = None,
     tls: ServerCert | None = None,
+    routes: RouteTable | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, ExtProcServicer, HealthReporter, int, int]:
     """Start the ext_proc server (also answering health) and the separate health server.
 
     Returns the servers, the servicer, the health reporter and the bound ports (port 0
     picks a free one). Give `limits`, or only `max_body_bytes` (the rest default). With
     `tls` the ext_proc port serves TLS; the health port stays plaintext (epp/extproc/tls.py).
+    `routes`: `--response-path observer` (epp/extproc/handoff.py).
     """
     if limits is not None and max_body_bytes is not None:
         raise ValueError("give max_body_bytes inside limits, not both")
     if limits is None:
         limits = StreamLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     health_reporter = HealthReporter(datastore)
-    servicer = ExtProcServicer(director, limits, observer)
+    servicer = ExtProcServicer(director, limits, observer, routes)
     options = [
         ("grpc.max_receive_message_length", limits.max_body_bytes + 1024 * 1024),
         ("grpc.max_send_message_length", limits.max_body_bytes + 1024 * 1024),

@@ -25,7 +25,15 @@ forwards only what the processor sends back). On the way the `ResponseMeter` not
 first token (the request's prompt stops counting as in-flight prefill) and the end
 (last body chunk, trailers, or headers with end_of_stream), where the in-flight counts
 are given back and the observer gets the request's record. A stream that ends before
-its response did (client gone, upstream reset) gives them back in `close()`.
+its response did (client gone, upstream reset) gives them back in `close()`. What is done
+with the response phases is `ResponseLeg`'s (epp/extproc/response_leg.py), shared with
+the observer stream.
+
+With `routes` (`--response-path observer`) the response never comes on this stream:
+Envoy's second, observability-mode ext_proc filter sends it on its own stream
+(epp/extproc/observer.py). Routing then tags the upstream request with `x-epp-route-id`
+and parks the request's leg in the `RouteTable` for that stream to claim; this stream's
+end gives nothing back.
 """
 
 from __future__ import annotations
@@ -39,13 +47,15 @@ from collections.abc import Callable
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from epp.completion import ResponseObserver, build_record
+from epp.completion import ResponseObserver
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
+from epp.extproc.handoff import RouteTable
 from epp.extproc.refusals import RefusalLog
+from epp.extproc.response_leg import ResponseLeg
 from epp.flowcontrol.controller import FlowController
-from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID
+from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID, ROUTE_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
@@ -88,7 +98,8 @@ class Phase(enum.Enum):
 
 class RequestStream:
     """`observer` None switches the response measurement off (`--response-path off`):
-    response phases, if Envoy sends them, still pass through and end the in-flight hold."""
+    response phases, if Envoy sends them, still pass through and end the in-flight hold.
+    `routes`: the observer mode (see the module doc)."""
 
     def __init__(
         self,
@@ -101,6 +112,7 @@ class RequestStream:
         body_limits: BodyLimits = DEFAULT_BODY_LIMITS,
         header_limits: HeaderLimits | None = None,
         budget: BodyBudget | None = None,
+        routes: RouteTable | None = None,
     ) -> None:
         self.director = director
         self.max_body_bytes = max_body_bytes
@@ -112,6 +124,7 @@ class RequestStream:
         # Bytes of this stream's body reserved in the server-wide budget (epp/limits.py).
         self.budget = budget
         self._budgeted = 0
+        self.routes = routes
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
         self.response_body_mode = _MODES.NONE
@@ -122,10 +135,20 @@ class RequestStream:
         self._size = 0
         self._generated_id = False
         self.routed_at = 0.0
-        self.status = 0
-        self.meter: ResponseMeter | None = None
+        # The response's measurement and accounting; None until routed, and for good
+        # when parked for the observer stream (`routes`).
+        self.leg: ResponseLeg | None = None
         # (raw body, parse outcome) when handle_async parsed the body in a worker thread
         self._preparsed: tuple[bytes, _Parsed | Exception] | None = None
+
+    @property
+    def meter(self) -> ResponseMeter | None:
+        return self.leg.meter if self.leg is not None else None
+
+    @meter.setter
+    def meter(self, meter: ResponseMeter | None) -> None:
+        assert self.leg is not None
+        self.leg.meter = meter
 
     # ---- entry points -----------------------------------------------------
     def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -259,30 +282,21 @@ class RequestStream:
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
         self._drop_body()
-        if self.decision is not None and self.phase is not Phase.DONE:
+        if self.leg is not None and self.phase is not Phase.DONE:
             self._end_response(complete=False)
 
     # ---- response phases --------------------------------------------------
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         self.phase = Phase.RESPONDING
-        if self.observer is not None and self.decision is not None:
-            h = m.header_map(headers)
-            status = h.get(":status", "")
-            self.status = int(status) if status.isdigit() else 0
-            streamed = h.get("content-type", "").startswith("text/event-stream")
-            self.meter = ResponseMeter(streamed)
+        if self.leg is not None:
+            self.leg.headers(headers)
         if headers.end_of_stream:
             self._end_response(complete=True)
         return [m.response_headers_passthrough()]
 
     def _on_response_body(self, body: pb.HttpBody) -> list[pb.ProcessingResponse]:
-        meter, decision = self.meter, self.decision
-        if meter is not None and decision is not None:
-            try:
-                if meter.feed(body.body, self.clock()):
-                    self.director.first_token(decision)
-            except Exception:
-                self._measurement_failed()
+        if self.leg is not None:
+            self.leg.body(body.body, end_of_stream=False)
         out = m.response_body_passthrough(body, self.response_body_mode == FULL_DUPLEX)
         if body.end_of_stream:
             self._end_response(complete=True)
@@ -293,31 +307,22 @@ class RequestStream:
         if self.phase is Phase.DONE:
             return
         self.phase = Phase.DONE
-        decision, request = self.decision, self.request
-        if decision is None:
-            return
-        now = self.clock()
-        try:
-            if self.meter is not None and self.meter.finish(now):
-                self.director.first_token(decision)
-        except Exception:
-            self._measurement_failed()
-        self.director.release(decision)
-        if self.observer is None or request is None or decision.result is None:
-            return
-        # No meter on a complete response = its measurement failed: no record.
-        if self.meter is not None or not complete:
-            record = build_record(
-                request, decision, self.meter, self.status, self.routed_at, now, complete
-            )
-            self.observer.finished(request, decision, record)
+        if self.leg is not None:
+            self.leg.end(complete)
 
-    def _measurement_failed(self) -> None:
-        """A bug in measuring must not cost the response: the rest passes through
-        unmeasured and no record is made (a half-measured one would mislead)."""
-        rid = self.request.request_id if self.request else "-"
-        log.exception("measuring the response of request %s failed; passing it through", rid)
-        self.meter = None
+    def _routed(self) -> dict[str, str]:
+        """The request is routed (`self.decision`): its response leg, kept here or parked
+        for the observer stream; returns the headers that go with it."""
+        assert self.request is not None and self.decision is not None
+        self.routed_at = self.clock()
+        self.phase = Phase.ROUTED
+        leg = ResponseLeg(
+            self.director, self.observer, self.clock, self.request, self.decision, self.routed_at
+        )
+        if self.routes is None:
+            self.leg = leg
+            return {}
+        return {ROUTE_ID: self.routes.put(leg)}
 
     def _drop_body(self) -> None:
         self._chunks = []
@@ -338,11 +343,10 @@ class RequestStream:
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
             self.decision = self.director.route_bodyless(req, self.subset)
-            self.routed_at = self.clock()
-            self.phase = Phase.ROUTED
+            extra = self._routed()
             return [
                 m.headers_response(
-                    set_headers=self._routing_headers(None),
+                    set_headers=self._routing_headers(None) | extra,
                     remove=self._removals(),
                     clear_route_cache=True,
                     destinations=self.decision.destinations,
@@ -359,13 +363,15 @@ class RequestStream:
     ) -> None:
         """431 if the EPP's own headers would push the request over Envoy's limits: the
         destination and x-prefiller-host-port (unless the client sent them: they are
-        overwritten), x-request-id when it is generated, content-length when absent.
+        overwritten), x-request-id when it is generated, content-length when absent,
+        x-epp-route-id in observer mode.
         `regular`, `size`: the client's non-pseudo headers and bytes (`header_map_counted`)."""
         added = (
             (DESTINATION_ENDPOINT not in headers)
             + (PREFILLER_HOST_PORT not in headers)
             + (self._generated_id and REQUEST_ID not in headers)
             + ("content-length" not in headers and not raw.end_of_stream)
+            + (self.routes is not None and ROUTE_ID not in headers)
         )
         self.header_limits.check(regular, size, added)
 
@@ -407,10 +413,9 @@ class RequestStream:
                 raise outcome
             req, new_body, state = outcome
         self.decision = self.director.route(req, self.subset, state)
-        self.routed_at = self.clock()
-        self.phase = Phase.ROUTED
+        extra = self._routed()
         body = new_body if new_body is not None else raw
-        set_headers, removals = self._routing_headers(body), self._removals()
+        set_headers, removals = self._routing_headers(body) | extra, self._removals()
         mode = self.request_body_mode
         if mode == FULL_DUPLEX:
             return [

@@ -80,6 +80,10 @@ class EnvoyOptions:
     # More EPP replicas on `epp_host`, as (grpc port, health port): the ext_proc cluster
     # lists them all and Envoy balances streams over them (deploy/envoy/envoy-replicas.yaml).
     extra_epps: tuple[tuple[int, int], ...] = ()
+    # The response to a second ext_proc filter in observability mode (`OBSERVER_FILTER`,
+    # deploy/envoy/envoy-observer.yaml; `epp serve --response-path observer`). The routing
+    # filter then skips the response: set response_headers False, response_body_mode NONE.
+    observer: bool = False
 
     @classmethod
     def loopback(cls, epp_grpc_port: int, epp_health_port: int, **kw: Any) -> EnvoyOptions:
@@ -98,6 +102,11 @@ class EnvoyOptions:
         for mode in (self.request_body_mode, self.response_body_mode):
             if mode not in _BODY_MODES:
                 raise ValueError(f"unknown body mode {mode!r}; expected one of {_BODY_MODES}")
+        if self.observer and (self.response_headers or self.response_body_mode != "NONE"):
+            raise ValueError(
+                "observer=True moves the response to the observer filter: also set "
+                "response_headers=False and response_body_mode='NONE' (the routing filter's)"
+            )
 
     @property
     def processing_mode(self) -> dict[str, str]:
@@ -109,6 +118,29 @@ class EnvoyOptions:
             "response_body_mode": self.response_body_mode,
             "response_trailer_mode": _trailer_mode(self.response_body_mode),
         }
+
+
+# The observer filter of deploy/envoy/envoy-observer.yaml (its comments say what Envoy 1.40
+# sends it), inserted right after the routing filter; tests/unit/test_envoy_variants.py
+# checks the file and this agree.
+OBSERVER_FILTER: dict[str, Any] = {
+    "name": "epp.observer",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": EXT_PROC_CLUSTER}},
+        "observability_mode": True,
+        "deferred_close_timeout": "5s",
+        "failure_mode_allow": True,
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "request_body_mode": "NONE",
+            "request_trailer_mode": "SKIP",
+            "response_header_mode": "SEND",
+            "response_body_mode": "STREAMED",
+            "response_trailer_mode": "SEND",
+        },
+    },
+}
 
 
 def _trailer_mode(body_mode: str) -> str:
@@ -139,9 +171,13 @@ def render(options: EnvoyOptions, template: dict[str, Any] | None = None) -> dic
     listener["address"]["socket_address"].update(
         address=options.listen_address, port_value=options.listener_port
     )
-    ext_proc = _named(_http_filters(listener), EXT_PROC_FILTER, "http filter")["typed_config"]
+    filters = _http_filters(listener)
+    routing = _named(filters, EXT_PROC_FILTER, "http filter")
+    ext_proc = routing["typed_config"]
     ext_proc["processing_mode"] = options.processing_mode
     ext_proc["failure_mode_allow"] = options.failure_mode_allow
+    if options.observer and not any(f["name"] == OBSERVER_FILTER["name"] for f in filters):
+        filters.insert(filters.index(routing) + 1, copy.deepcopy(OBSERVER_FILTER))
 
     clusters = config["static_resources"]["clusters"]
     _point_ext_proc_cluster(_named(clusters, EXT_PROC_CLUSTER, "cluster"), options)
@@ -162,7 +198,7 @@ def render_direct(
     config = render(options, template)
     listener = _named(config["static_resources"]["listeners"], LISTENER_NAME, "listener")
     filters = _http_filters(listener)
-    filters[:] = [f for f in filters if f["name"] != EXT_PROC_FILTER]
+    filters[:] = [f for f in filters if f["name"] not in (EXT_PROC_FILTER, OBSERVER_FILTER["name"])]
     hcm = next(
         f["typed_config"]
         for chain in listener["filter_chains"]

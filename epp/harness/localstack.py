@@ -30,11 +30,14 @@ def start_epp_behind_envoy(
     n_epps: int = 1,
     tls: bool = False,
     per_epp_args: Sequence[Sequence[str]] = (),
+    observer: bool = False,
     **envoy_options: Any,
 ) -> tuple[RunningEnvoy, int]:
     """`epp serve` (with `epp_args`: endpoints, config) and a real Envoy in front of it,
     on free loopback ports; returns Envoy and the EPP's metrics port. `response_path`
-    False runs both without the response phases (`--response-path off`);
+    False runs both without the response phases (`--response-path off`); `observer`
+    True measures the response on Envoy's observability-mode filter instead
+    (`--response-path observer`, deploy/envoy/envoy-observer.yaml);
     `envoy_options` are further `EnvoyOptions` fields (e.g. `failure_mode_allow`).
 
     `n_epps` > 1 starts that many EPP replicas (processes `epp`, `epp-1`, ...; each
@@ -54,6 +57,7 @@ def start_epp_behind_envoy(
         n_epps=n_epps,
         tls=tls,
         per_epp_args=per_epp_args,
+        observer=observer,
         **envoy_options,
     )
     return envoy, metrics[0]
@@ -68,11 +72,16 @@ def start_epps_behind_envoy(
     n_epps: int = 1,
     tls: bool = False,
     per_epp_args: Sequence[Sequence[str]] = (),
+    observer: bool = False,
     **envoy_options: Any,
 ) -> tuple[RunningEnvoy, list[int]]:
     """`start_epp_behind_envoy` returning every EPP's metrics port."""
     if n_epps < 1:
         raise ValueError(f"n_epps must be >= 1, got {n_epps}")
+    if observer and not response_path:
+        raise ValueError("observer=True is a response path: response_path must be True")
+    mode = "observer" if observer else "on" if response_path else "off"
+    in_path = response_path and not observer
     ports: list[tuple[int, int]] = []
     metrics: list[int] = []
     for i in range(n_epps):
@@ -80,7 +89,7 @@ def start_epps_behind_envoy(
         argv = [*EPP_CMD, "serve", "--host", "127.0.0.1", "--grpc-port", str(grpc_port)]
         argv += ["--health-port", str(health_port), "--metrics-port", str(metrics_port)]
         argv += [*epp_args, *(per_epp_args[i] if i < len(per_epp_args) else ())]
-        argv += ["--response-path", "on" if response_path else "off"]
+        argv += ["--response-path", mode]
         argv += ["--secure-serving"] if tls else []
         name = "epp" if i == 0 else f"epp-{i}"
         pg.start(name, argv, ready=LogReady(r"epp serving ext_proc"), timeout=60)
@@ -95,8 +104,9 @@ def start_epps_behind_envoy(
             epp_health_port=ports[0][1],
             listen_address="127.0.0.1",
             request_body_mode=request_body_mode,
-            response_headers=response_path,
-            response_body_mode="FULL_DUPLEX_STREAMED" if response_path else "NONE",
+            response_headers=in_path,
+            response_body_mode="FULL_DUPLEX_STREAMED" if in_path else "NONE",
+            observer=observer,
             epp_tls=tls,
             extra_epps=tuple(ports[1:]),
             **envoy_options,
@@ -150,6 +160,8 @@ class LocalStack:
     epp_args: Sequence[str] = ()
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
     response_path: bool = True
+    # the response on Envoy's observability-mode filter (`--response-path observer`)
+    observer: bool = False
     run_dir: Path | None = None
     sims: list[SimProcess] = field(default_factory=list)
     pg: ProcessGroup | None = None
@@ -183,6 +195,7 @@ class LocalStack:
                 self.response_path,
                 n_epps=self.n_epps,
                 tls=self.epp_tls,
+                observer=self.observer,
                 **self.envoy_options,
             )
             self.epp_metrics_port = self.epp_metrics_ports[0]

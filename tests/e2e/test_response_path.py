@@ -1,6 +1,9 @@
 """The response path through a real Envoy, `epp serve` and `epp sim`: streams reach the
 client chunk by chunk and unchanged, the EPP's in-flight count lasts exactly as long as
-the response (end, client disconnect, upstream failure), and usage/TTFT are recorded."""
+the response (end, client disconnect, upstream failure), and usage/TTFT are recorded.
+Each test runs with the response in Envoy's path (deploy/envoy/envoy.yaml, `--response-path
+on`) and on the observability-mode filter (envoy-observer.yaml, `--response-path
+observer`): the same observations, the same accounting."""
 
 import asyncio
 import json
@@ -28,9 +31,13 @@ STREAM = {
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
 
-@pytest.fixture(scope="module")
-def stack():
-    with LocalStack(n_sims=1, sim_args=SIM_ARGS) as st:
+# in-path: Envoy waits for the EPP to hand every chunk back; observer: it does not.
+PATHS = ["inpath", "observer"]
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def stack(request):
+    with LocalStack(n_sims=1, sim_args=SIM_ARGS, observer=request.param == "observer") as st:
         yield st
 
 
@@ -137,8 +144,9 @@ async def test_upstream_error_status_passes_through_and_releases_inflight(stack)
     await wait_inflight_zero(stack)
 
 
-async def test_upstream_dying_mid_stream_releases_inflight():
-    with LocalStack(n_sims=1, sim_args=SIM_ARGS) as st:
+@pytest.mark.parametrize("path", PATHS)
+async def test_upstream_dying_mid_stream_releases_inflight(path):
+    with LocalStack(n_sims=1, sim_args=SIM_ARGS, observer=path == "observer") as st:
         async with (
             aiohttp.ClientSession(timeout=TIMEOUT) as session,
             session.post(st.url + "/v1/completions", json=STREAM) as r,

@@ -1,5 +1,6 @@
 """deploy/envoy's variants: TLS to the EPP (envoy-tls.yaml) and two EPPs in one ext_proc
-cluster (envoy-replicas.yaml). Each is generated from envoy.yaml by deploy/envoy/render.py
+cluster (envoy-replicas.yaml), the response on an observability-mode filter
+(envoy-observer.yaml). Each is generated from envoy.yaml by deploy/envoy/render.py
 (text edits that keep the comments) and must equal what the harness builds for the same
 options (`epp.harness.envoy.render`), so tests exercise exactly what ships; each passes
 `envoy --mode validate`."""
@@ -35,6 +36,10 @@ def test_the_shipped_variants_are_fresh():
     [
         ("envoy-tls.yaml", EnvoyOptions(epp_tls=True)),
         ("envoy-replicas.yaml", EnvoyOptions(extra_epps=((9012, 9013),))),
+        (
+            "envoy-observer.yaml",
+            EnvoyOptions(observer=True, response_headers=False, response_body_mode="NONE"),
+        ),
         ("envoy.yaml", EnvoyOptions()),
     ],
 )
@@ -43,7 +48,7 @@ def test_each_variant_is_what_the_harness_renders(name, options):
     assert yaml.safe_load((DEPLOY / name).read_text()) == render(options)
 
 
-@pytest.mark.parametrize("name", ["envoy-tls.yaml", "envoy-replicas.yaml"])
+@pytest.mark.parametrize("name", ["envoy-tls.yaml", "envoy-replicas.yaml", "envoy-observer.yaml"])
 def test_envoy_accepts_each_variant(name):
     validate_config(DEPLOY / name)
 
