@@ -65,9 +65,9 @@ Per interval:
      forecast with the trend taken from the last two intervals);
    - `emergency-scale-up`: when the interval just closed broke the SLA statistic, at
      least ceil(ready x min(2, observed/SLA)) and one more than it has ready (starting
-     replicas count towards it), whatever the forecast says: Knative's KPA panic mode (AIBrix: a 60 s
-     panic window, threshold 2.0; reference autoscalers.md §1), with the AIBrix APA's
-     2x cap on one step's growth;
+     replicas count towards it), whatever the forecast says: Knative's KPA panic mode
+     (AIBrix: a 60 s panic window, threshold 2.0; reference autoscalers.md §1), with the
+     AIBrix APA's 2x cap on one step's growth;
    - `sla-margin` m: size against m x the TTFT and ITL targets. An interval whose p90
      sits exactly at the SLA lets a tenth of its requests miss, and issue 15 judges
      >= 99 % of requests: the margin is where the planner buys that.
