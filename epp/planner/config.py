@@ -216,12 +216,13 @@ class BeyondParams:
         "bursts shorter than a start-up); 0: off",
     )
     rise_headroom: float = param(
-        0.0,
+        0.5,
         min=0.0,
         max=4.0,
         doc="provision for the load's rise over the lead time: the forecast request count "
         "plus this factor x the last interval's rise (count minus the one before, when "
-        "positive) x the forecast horizon in intervals (start-up plus one decision); 0: off",
+        "positive) x the forecast horizon in intervals (start-up plus one decision); 0: off. "
+        "0.5 from the ablation (docs/BENCHMARKS.md 'Against the field, third run')",
     )
     emergency_scale_up: bool = param(
         False,

@@ -35,6 +35,7 @@ PLAIN = {
     "forecast_quantile": 0.5,
     "scale_down_window": 0,
     "reversal_guard": 0,
+    "rise_headroom": 0,
 }
 
 
