@@ -221,8 +221,9 @@ class BeyondParams:
         max=4.0,
         doc="provision for the load's rise over the lead time: the forecast request count "
         "plus this factor x the last interval's rise (count minus the one before, when "
-        "positive) x the forecast horizon in intervals (start-up plus one decision); 0: off. "
-        "0.5 from the ablation (docs/BENCHMARKS.md 'Against the field, third run')",
+        "positive) x the forecast horizon in intervals (start-up plus one decision), at most "
+        "the forecast again; 0: off. 0.5 from the ablation (docs/BENCHMARKS.md 'Against the "
+        "field, third run')",
     )
     emergency_scale_up: bool = param(
         False,

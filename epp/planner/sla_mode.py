@@ -62,7 +62,8 @@ Per interval:
    - `rise-headroom` h: the forecast count plus h x the last interval's rise (when
      positive) x the horizon in intervals, the load the rise reaches by the time a
      replica asked for now is serving (a linear trend over the lead time, Holt's
-     forecast with the trend taken from the last two intervals);
+     forecast with the trend taken from the last two intervals), at most the forecast
+     again (a burst from silence is all rise: AIBrix APA's 2x cap on one step);
    - `emergency-scale-up`: when the interval just closed broke the SLA statistic, at
      least ceil(ready x min(2, observed/SLA)) and one more than it has ready (starting
      replicas count towards it), whatever the forecast says: Knative's KPA panic mode
@@ -228,11 +229,15 @@ class SlaMode:
         ]
         isl = max(s.isl for s in steps)
         osl = max(s.osl for s in steps)
-        headroom = self._x.rise_headroom * self._rise * self.horizon
+        point = max(s.requests for s in steps)
+        # at most the forecast again: one step never plans for more than twice the load
+        # (AIBrix APA's max-scale-up-rate 2x): a burst from silence is all rise, and
+        # x horizon it would size several bursts' worth
+        headroom = min(self._x.rise_headroom * self._rise * self.horizon, point)
         if diag is not None and headroom > 0:
             diag["rise_headroom_requests"] = headroom
         return PredictedLoad(
-            requests=max(s.requests for s in steps) + headroom,
+            requests=point + headroom,
             isl=isl if isl > 0 else _nan_to(self._last_isl, 0.0),
             osl=osl if osl > 0 else _nan_to(self._last_osl, 0.0),
             horizon_s=self._interval * self.horizon,

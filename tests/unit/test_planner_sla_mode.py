@@ -373,6 +373,17 @@ def test_rise_headroom_provisions_for_the_rise_over_the_lead_time():
     assert d.predicted.requests == pytest.approx(3000.0)
 
 
+def test_rise_headroom_is_at_most_the_forecast_again():
+    # A burst from silence is all rise: 0 then 1200 req/min, h = 1, horizon 2 -> 1 x 1200
+    # x 2 = 2400 of headroom, capped at the forecast 1200: 2400 planned (40 req/s: 3.0 +
+    # 2.4 = 5.4 -> 6), not 3600 (60 req/s: 4.5 + 3.6 = 8.1 -> 9).
+    pol = epp(pool="aggregated", startup_time=60, rise_headroom=1.0)
+    pol.step(60, obs(60, replicas=agg(1)))
+    d = pol.step(120, obs(120, completions=1200, osl=600, replicas=agg(1)))
+    assert d.diagnostics["rise_headroom_requests"] == pytest.approx(1200.0)
+    assert d.predicted.requests == pytest.approx(2400.0) and d.targets == {A: 6}
+
+
 def test_emergency_scale_up_when_the_interval_broke_the_sla():
     # 1200 req/min sizes 3 on 3 ready replicas (no change). The interval's mean ITL (PLAIN
     # judges the mean) was 13 ms against 10: 1.3x -> at least max(ceil(3 x 1.3) = 4, 3 + 1)
