@@ -152,7 +152,7 @@ class SlaMode:
         pred = self._forecast(diag)
         sized, demand, notes = self._size(pred, diag)
         if self._x.emergency_scale_up:
-            sized = self._emergency(obs, sized, have, notes, diag)
+            sized = self._emergency(obs, sized, notes, diag)
         targets, why = self._hysteresis(now, sized, have, obs.start)
         diag |= {
             "p_correction": self.p_correction,
@@ -366,19 +366,20 @@ class SlaMode:
         self,
         obs: Observation,
         sized: Mapping[Role, int],
-        have: Mapping[Role, int],
         notes: list[str],
         diag: dict[str, float],
     ) -> dict[Role, int]:
         """At least ceil(ready x min(2, observed/SLA)) and ready + 1 for a role whose
         interval broke the SLA statistic (TTFT drives prefill, ITL decode; an aggregated
-        role takes the worse of the two). Starting replicas count towards it (the pool's
-        `have` already holds them: no second emergency while the first one starts). The
-        SLA itself, not the margin, is the trigger."""
+        role takes the worse of the two it measured). Starting replicas count towards it:
+        the hysteresis compares the target with ready + starting, so no second emergency
+        comes while the first one starts. The SLA itself, not the margin, is the trigger."""
         sla = self._cfg.sla
         ttft = self._stat(obs.ttft_ms) / sla.ttft
-        itl = self._stat(obs.itl_ms) / sla.itl
-        by_role = {Role.PREFILL: ttft, Role.DECODE: itl, Role.AGGREGATED: max(ttft, itl)}
+        itl = self._stat(obs.itl_ms) / sla.itl  # NaN: no request had two output tokens
+        both = [x for x in (ttft, itl) if not math.isnan(x)]
+        worse = max(both) if both else math.nan
+        by_role = {Role.PREFILL: ttft, Role.DECODE: itl, Role.AGGREGATED: worse}
         out = dict(sized)
         for r in self._roles:
             ratio = by_role[r]
