@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from epp.harness.localstack import start_epp_behind_envoy
 from epp.harness.procs import HttpReady, ManagedProcess, ProcessGroup, free_port, wait_ready
 
 ENABLED = os.environ.get("EPP_REAL_VLLM") == "1"
@@ -153,6 +154,22 @@ def vllm_pool():
             print(f"\n{s.name}: {tree_rss_mib(s.process.pid):.0f} MiB RSS (all its processes)")
     finally:
         pg.close()
+
+
+@dataclass
+class Stack:
+    url: str  # Envoy's listener
+    epp_metrics_url: str
+
+
+@pytest.fixture(scope="module")
+def stack(vllm_pool):
+    """`epp serve` with no --config (config/default.yaml, the shipped default) and a real
+    Envoy in front of the tier's servers; one per test module."""
+    with ProcessGroup() as pg:
+        endpoints = [f"--endpoint={s.name}={s.hostport}" for s in vllm_pool.servers]
+        envoy, metrics_port = start_epp_behind_envoy(pg, endpoints)
+        yield Stack(envoy.url, f"http://127.0.0.1:{metrics_port}")
 
 
 def tree_rss_mib(root: int) -> float:

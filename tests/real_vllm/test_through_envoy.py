@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 import aiohttp
 import pytest
 
-from epp.harness.localstack import start_epp_behind_envoy
-from epp.harness.procs import ProcessGroup
-from tests.real_vllm.conftest import LORA_NAME, MODEL_NAME
+from tests.real_vllm.conftest import LORA_NAME, MODEL_NAME, Stack
 from tests.real_vllm.helpers import TIMEOUT, get_text, post, value, wait_for
 
 pytestmark = pytest.mark.real_vllm
-
-
-@dataclass
-class Stack:
-    url: str  # Envoy's listener
-    epp_metrics_url: str
-
-
-@pytest.fixture(scope="module")
-def stack(vllm_pool):
-    with ProcessGroup() as pg:
-        endpoints = [f"--endpoint={s.name}={s.hostport}" for s in vllm_pool.servers]
-        envoy, metrics_port = start_epp_behind_envoy(pg, endpoints)
-        yield Stack(envoy.url, f"http://127.0.0.1:{metrics_port}")
 
 
 async def endpoints_ready(http: aiohttp.ClientSession, stack: Stack) -> list[dict]:
