@@ -215,6 +215,30 @@ class BeyondParams:
         "every this many seconds (a burst-aware floor: capacity held through the gap between "
         "bursts shorter than a start-up); 0: off",
     )
+    rise_headroom: float = param(
+        0.5,
+        min=0.0,
+        max=4.0,
+        doc="provision for the load's rise over the lead time: the forecast request count "
+        "plus this factor x the last interval's rise (count minus the one before, when "
+        "positive) x the forecast horizon in intervals (start-up plus one decision), at most "
+        "the forecast again; 0: off. 0.5 from the ablation (docs/BENCHMARKS.md 'Against the "
+        "field, third run')",
+    )
+    emergency_scale_up: bool = param(
+        False,
+        doc="when the interval just closed broke the SLA statistic (p90 TTFT or ITL over the "
+        "SLA), size at least ceil(ready x min(2, observed/SLA)) and one more than it has ready "
+        "(starting replicas count), whatever the forecast says (Knative/AIBrix KPA's panic mode)",
+    )
+    sla_margin: float = param(
+        1.0,
+        min=0.5,
+        max=1.0,
+        doc="size against this share of the TTFT and ITL targets (the SLA statistic of an "
+        "interval at exactly the SLA still lets a tenth of its requests miss; a margin buys "
+        "request attainment); 1: the SLA itself",
+    )
     startup_time: float = param(
         120.0,
         min=0.0,

@@ -33,7 +33,7 @@ by construction; how large is what the search finds.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epp.planner.outcome import Sla
@@ -170,25 +170,65 @@ class Sizer:
         return ttft, itl
 
     def smallest_for_all(self, sla: Sla, segments: Sequence[Segment]) -> Sizing:
-        """The fewest replicas meeting `sla` on every segment (the largest of their
-        sizes; latency falls with replicas, so that size meets each)."""
-        return max((self.smallest_pool(sla, seg) for seg in segments), key=lambda z: z.replicas)
+        """The fewest replicas meeting `sla` on every segment: the largest of their
+        sizes (latency falls with replicas, so that size meets each), the first segment
+        to need it on a tie. Only the largest is wanted, so a segment the size found so
+        far already serves costs one measurement (its own smallest is no larger) and one
+        that it does not is searched from there up: at 50 replicas this is most of what
+        the SLA pick saved (docs/BENCHMARKS.md "Against the field, third run")."""
+        best: Sizing | None = None
+        for seg in segments:
+            if best is not None and self._meets(sla, seg, best.replicas):
+                continue
+            best = self.smallest_pool(sla, seg, fails_at=best.replicas if best else 0)
+        if best is None:
+            raise ValueError("no segment to size a pool on")
+        return best
+
+    def _meets(self, sla: Sla, segment: Segment, replicas: int) -> bool:
+        ttft, itl = self.measure(segment, replicas)
+        return ttft.empty or sla.within(ttft, itl)
 
     def smallest_pool(
-        self, sla: Sla, segment: Segment, *, max_replicas: int = MAX_REPLICAS
+        self,
+        sla: Sla,
+        segment: Segment,
+        *,
+        max_replicas: int = MAX_REPLICAS,
+        fails_at: int = 0,
     ) -> Sizing:
-        """The fewest replicas meeting `sla` (p90 TTFT and ITL) on the segment."""
+        """The fewest replicas meeting `sla` (p90 TTFT and ITL) on the segment;
+        `fails_at`: a size known to miss it (the search starts above)."""
 
         def ok(n: int) -> bool:
-            ttft, itl = self.measure(segment, n)
-            return ttft.empty or sla.within(ttft, itl)
+            return self._meets(sla, segment, n)
 
-        # Start a quarter of the way to a lightly loaded pool and walk down while it
-        # holds: a pool far too small is the expensive measurement (a deep queue), so
-        # the search avoids measuring one.
-        hi = max(1, min(max_replicas, self.light_pool(segment) // 4))
-        while hi > 1 and ok(hi):
-            hi //= 2
+        # What is measured already brackets the answer (the SLA pick's doubling measures
+        # the busiest interval at light pools): the largest size known to miss, the
+        # smallest known to meet. Latency falls with replicas, so any bracket gives the
+        # same answer; starting from one skips the overloaded small pools, which are the
+        # expensive measurements (a deep queue: 11 CPU-s at 8 replicas of Azure x20's
+        # busiest minute against 3 at 16-32).
+        known = sorted(n for start, n in self._seen if start == segment.start)
+        lo = max([fails_at] + [n for n in known if not ok(n)])
+        met = [n for n in known if n > lo and ok(n)]
+        if met:
+            hi = met[0]
+            return self._bisect(segment, lo, hi, ok)
+        # Else start a quarter of the way to a lightly loaded pool and walk down while it
+        # holds: a pool far too small is the expensive measurement, so the search avoids
+        # measuring one.
+        hi = max(lo + 1, min(max_replicas, self.light_pool(segment) // 4))
+        if hi > max_replicas:
+            raise NoPoolMeetsSla(
+                f"no pool of up to {max_replicas} replicas meets TTFT {sla.ttft_ms:g} ms / "
+                f"ITL {sla.itl_ms:g} ms (p90) in the trace's {segment.why} interval: raise "
+                "--ttft/--itl"
+            )
+        if ok(hi):
+            while hi // 2 > lo and ok(hi // 2):
+                hi //= 2
+            return self._bisect(segment, max(lo, hi // 2), hi, ok)  # hi // 2 missed, or <= lo
         while not ok(hi):
             if hi >= max_replicas:
                 ttft, itl = self.measure(segment, hi)
@@ -198,8 +238,11 @@ class Sizer:
                     f"{hi} replicas p90 TTFT is {ttft.p90:.0f} ms and p90 ITL "
                     f"{itl.p90:.1f} ms: raise --ttft/--itl"
                 )
-            hi = min(max_replicas, hi * 2)
-        lo = hi // 2  # not ok (or 0)
+            lo, hi = hi, min(max_replicas, hi * 2)
+        return self._bisect(segment, lo, hi, ok)
+
+    def _bisect(self, segment: Segment, lo: int, hi: int, ok: Callable[[int], bool]) -> Sizing:
+        """The smallest size in (lo, hi] that is `ok`, given `lo` is not (or 0) and `hi` is."""
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if ok(mid):

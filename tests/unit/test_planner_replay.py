@@ -221,6 +221,27 @@ def test_the_smallest_static_pool_meets_the_sla_and_one_fewer_does_not():
     assert not all(sla.within(*sizer.measure(seg, sized.replicas - 1)) for seg in segs)
 
 
+def test_sizing_for_all_segments_equals_the_largest_search_and_measures_less():
+    # The same trace and SLA as above: smallest_for_all searches the first segment and
+    # checks each other one at the size found (one measurement when it holds), so it
+    # must give the largest of the per-segment searches (each on a fresh Sizer, nothing
+    # shared) with fewer measurements than they took together.
+    arrivals = poisson(250, 40.0, seed=4)
+    sla = Sla(50.0, 2.25)
+    segs = peak_segments(arrivals, 5.0)
+    alone = [Sizer(arrivals, shape()) for _ in segs]
+    each = [z.smallest_pool(sla, seg) for z, seg in zip(alone, segs, strict=True)]
+    sizer = Sizer(arrivals, shape())
+    together = sizer.smallest_for_all(sla, segs)
+    assert together.replicas == max(z.replicas for z in each)
+    assert len(sizer._seen) < sum(len(z._seen) for z in alone)
+    # a size known to miss is not measured again: the search starts above it
+    fresh = Sizer(arrivals, shape())
+    z = fresh.smallest_pool(sla, segs[0], fails_at=each[0].replicas - 1)
+    assert z.replicas == each[0].replicas
+    assert all(n >= each[0].replicas for _, n in fresh._seen)
+
+
 def test_an_sla_no_pool_meets_is_an_error_naming_the_fix():
     arrivals = poisson(50, 5.0, seed=5)
     with pytest.raises(NoPoolMeetsSla, match="raise --ttft/--itl"):

@@ -35,6 +35,7 @@ PLAIN = {
     "forecast_quantile": 0.5,
     "scale_down_window": 0,
     "reversal_guard": 0,
+    "rise_headroom": 0,
 }
 
 
@@ -347,3 +348,73 @@ def test_the_first_window_is_seeded_with_the_count_found_as_the_hpa_does():
     # where 0 is no longer inside (0, 180]: 5, 5, then 1.
     pol = epp(pool="aggregated", scale_down_window=180)
     assert [pol.step(t, obs(t, replicas=agg(5))).targets[A] for t in (60, 120, 180)] == [5, 5, 1]
+
+
+# -- issue 15, third run: meeting the load's rises -----------------------------------------
+
+
+def test_rise_headroom_provisions_for_the_rise_over_the_lead_time():
+    # Start-up 60 s, 60 s intervals: horizon = ceil(60/60) + 1 = 2 intervals. 1200 req/min
+    # sizes 3 (above); then 1800 (a rise of 600): 30 req/s x 75 ms = 2.25 prefill + 30 x 600
+    # / 10 000 = 1.8 decode = 4.05 -> 5 without headroom. h = 0.5: 1800 + 0.5 x 600 x 2 =
+    # 2400 (40 req/s: 3.0 + 2.4 = 5.4) -> 6; h = 1: 1800 + 1200 = 3000 (50 req/s: 3.75 +
+    # 3.0 = 6.75) -> 7. A fall adds nothing: 1200 after 1800 sizes 3 again (no window).
+    def sized(h: float) -> list[int]:
+        pol = epp(pool="aggregated", startup_time=60, rise_headroom=h)
+        return run_script(pol, [1200, 1800, 1200], start=3)
+
+    assert sized(0) == [3, 5, 3]
+    assert sized(0.5) == [3, 6, 3]
+    assert sized(1.0) == [3, 7, 3]
+    pol = epp(pool="aggregated", startup_time=60, rise_headroom=1.0)
+    pol.step(60, obs(60, completions=1200, osl=600, replicas=agg(3)))
+    d = pol.step(120, obs(120, completions=1800, osl=600, replicas=agg(3)))
+    assert d.diagnostics["rise_headroom_requests"] == pytest.approx(1200.0)
+    assert d.predicted.requests == pytest.approx(3000.0)
+
+
+def test_rise_headroom_is_at_most_the_forecast_again():
+    # A burst from silence is all rise: 0 then 1200 req/min, h = 1, horizon 2 -> 1 x 1200
+    # x 2 = 2400 of headroom, capped at the forecast 1200: 2400 planned (40 req/s: 3.0 +
+    # 2.4 = 5.4 -> 6), not 3600 (60 req/s: 4.5 + 3.6 = 8.1 -> 9).
+    pol = epp(pool="aggregated", startup_time=60, rise_headroom=1.0)
+    pol.step(60, obs(60, replicas=agg(1)))
+    d = pol.step(120, obs(120, completions=1200, osl=600, replicas=agg(1)))
+    assert d.diagnostics["rise_headroom_requests"] == pytest.approx(1200.0)
+    assert d.predicted.requests == pytest.approx(2400.0) and d.targets == {A: 6}
+
+
+def test_emergency_scale_up_when_the_interval_broke_the_sla():
+    # 1200 req/min sizes 3 on 3 ready replicas (no change). The interval's mean ITL (PLAIN
+    # judges the mean) was 13 ms against 10: 1.3x -> at least max(ceil(3 x 1.3) = 4, 3 + 1)
+    # = 4. At 25 ms (2.5x) the step is capped at 2x: ceil(3 x 2) = 6. TTFT 450 ms against
+    # 300 (1.5x): ceil(4.5) = 5. Off, the forecast alone: 3.
+    def step(on: bool, **seen) -> int:
+        pol = epp(pool="aggregated", emergency_scale_up=on)
+        o = obs(completions=1200, osl=600, replicas=agg(3), **seen)
+        return pol.step(60, o).targets[A]
+
+    assert (step(True, itl=13.0), step(False, itl=13.0)) == (4, 3)
+    assert step(True, itl=25.0) == 6
+    assert step(True, ttft=450.0) == 5
+    assert step(True, itl=9.0) == 3  # within the SLA: nothing
+    # 3 ready + 1 starting already hold the 4 the emergency asks for: no second step
+    pol = epp(pool="aggregated", emergency_scale_up=True)
+    seen = obs(completions=1200, osl=600, itl=13.0, replicas=agg(3, starting=1))
+    d = pol.step(60, seen)
+    assert d.targets[A] == 4 and d.diagnostics["emergency_aggregated"] == 4.0
+
+
+def test_sla_margin_sizes_against_a_share_of_the_target():
+    # Disaggregated prefill, queue-aware at p90: 540 req/min, ISL 8000 -> S = 0.2 s, a = 1.8;
+    # (ca² + cs²)/2 = 0.5. TTFT SLA 320 ms. c = 3: C = 0.35474, rate = (3 - 1.8)/0.2/0.5 =
+    # 12/s, p90 wait = ln(3.5474)/12 = 0.1055 s. Margin 1: budget 0.32 - 0.2 = 0.12 s ->
+    # 3 replicas. Margin 0.9: goal 288 ms, budget 0.088 s < 0.1055 -> c = 4 (p90 wait
+    # ln(1.2850)/22 = 0.0114 s).
+    seen = obs(completions=540, isl=8000, replicas=pd(1, 1))
+
+    def prefill(m: float) -> int:
+        pol = epp(queue_aware_prefill=True, sla_percentile="p90", ttft=320, sla_margin=m)
+        return pol.step(60, seen).targets[P]
+
+    assert (prefill(1.0), prefill(0.9)) == (3, 4)
