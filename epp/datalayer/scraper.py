@@ -456,23 +456,7 @@ class MetricsScraper:
         return None
 
     def _record(self, ep: Endpoint, error: str | None) -> None:
-        """Mark failure in the datastore; log only on a change of state."""
-        previous = self._failing.get(ep.name)
-        if error is None:
-            if previous is not None:
-                del self._failing[ep.name]
-                log.info("metrics of %s (%s) recovered", ep.name, ep.hostport)
-            return
-        if self._current(ep):
-            self.sink.failed(ep, error)
-        self._failing[ep.name] = error
-        if previous is None:
-            log.warning(
-                "metrics of %s (%s) unavailable: %s (logged again on recovery)",
-                ep.name,
-                ep.hostport,
-                error,
-            )
+        record_scrape_outcome(self._failing, ep, error, self.sink if self._current(ep) else None)
 
     async def _models_loop(self, ep: Endpoint) -> None:
         path = self._path(ep, self.config.models_path)
@@ -521,3 +505,27 @@ class MetricsScraper:
             return
         self.served_models[ep.name] = models
         self.sink.models(ep, models)
+
+
+def record_scrape_outcome(
+    failing: dict[str, str], ep: Endpoint, error: str | None, sink: ScrapeSink | None
+) -> None:
+    """Shared by both scrapers: mark a failure through `sink` (None when the endpoint
+    has left the pool) and log only on a change of state, so a dead endpoint scraped
+    every 50 ms writes two lines, not twenty a second."""
+    previous = failing.get(ep.name)
+    if error is None:
+        if previous is not None:
+            del failing[ep.name]
+            log.info("metrics of %s (%s) recovered", ep.name, ep.hostport)
+        return
+    if sink is not None:
+        sink.failed(ep, error)
+    failing[ep.name] = error
+    if previous is None:
+        log.warning(
+            "metrics of %s (%s) unavailable: %s (logged again on recovery)",
+            ep.name,
+            ep.hostport,
+            error,
+        )

@@ -65,6 +65,7 @@ from epp.datalayer.scraper import (
     failure_reason,
     load_state,
     next_interval,
+    record_scrape_outcome,
 )
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 
@@ -562,24 +563,7 @@ class SelectorScraper:
         return latest if latest is not None else self.datastore.metrics(ep.name)
 
     def _record(self, ep: Endpoint, error: str | None) -> None:
-        """Mark failure through the sink; log only on a change of state (as
-        `MetricsScraper._record`)."""
-        previous = self._failing.get(ep.name)
-        if error is None:
-            if previous is not None:
-                del self._failing[ep.name]
-                log.info("metrics of %s (%s) recovered", ep.name, ep.hostport)
-            return
-        if self._current(ep):
-            self.sink.failed(ep, error)
-        self._failing[ep.name] = error
-        if previous is None:
-            log.warning(
-                "metrics of %s (%s) unavailable: %s (logged again on recovery)",
-                ep.name,
-                ep.hostport,
-                error,
-            )
+        record_scrape_outcome(self._failing, ep, error, self.sink if self._current(ep) else None)
 
 
 def _pending(job: _Job, attempt: int) -> bool:
