@@ -102,6 +102,23 @@ def workload(a: argparse.Namespace, rate: float) -> list[tuple[float, int, int]]
             out.append((t, a.long_tokens, a.long_out))
 
 
+def scrape(engines: list, now: float) -> list[EndpointMetrics]:
+    """What a scrape of every engine would read at `now` (the EPP's stale view until
+    the next one)."""
+    out = []
+    for eng in engines:
+        ld = eng.load()
+        out.append(
+            EndpointMetrics(
+                waiting_queue_size=ld.waiting,
+                running_requests=ld.running,
+                kv_cache_usage=ld.kv_usage,
+                update_time=now,
+            )
+        )
+    return out
+
+
 def epp_view(
     engines: list[VirtualEngine],
     scraped: list[EndpointMetrics],
@@ -216,14 +233,7 @@ def run_level(a: argparse.Namespace, rate: float, sets: list[str]) -> dict:
         now, kind, payload = heapq.heappop(events)
         collect(now)
         if kind == 0:
-            for i, eng in enumerate(engines):
-                ld = eng.load()
-                scraped[i] = EndpointMetrics(
-                    waiting_queue_size=ld.waiting,
-                    running_requests=ld.running,
-                    kv_cache_usage=ld.kv_usage,
-                    update_time=now,
-                )
+            scraped[:] = scrape(engines, now)
         elif kind == 1:
             for lr in learners.values():
                 if lr.buffer.added != lr.fitted_at:

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.predictor_accuracy import epp_view, finished_by  # noqa: E402
+from bench.predictor_accuracy import epp_view, finished_by, scrape  # noqa: E402
 from bench.slo_configs import NO_PREDICTOR, write_without_predictor  # noqa: E402
 from epp.composition import install_plugins  # noqa: E402
 from epp.config.loader import load_config_file, load_default_config  # noqa: E402
@@ -152,14 +152,7 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
         now, kind, rid = heapq.heappop(events)
         collect(now)
         if kind == 0:
-            for i, eng in enumerate(engines):
-                ld = eng.load()
-                scraped[i] = EndpointMetrics(
-                    waiting_queue_size=ld.waiting,
-                    running_requests=ld.running,
-                    kv_cache_usage=ld.kv_usage,
-                    update_time=now,
-                )
+            scraped[:] = scrape(engines, now)
         elif kind == 1:
             for plugin in refit:
                 plugin.refit()
