@@ -11,6 +11,7 @@ picker, weights) stays. Derived rather than kept as a second file, so it follows
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -41,3 +42,20 @@ def write_without_predictor(source: Path, directory: Path | None = None) -> Path
     path = folder / f"{source.stem}-no-predictor.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The mixed SLO workload and the heterogeneous pool, shared by the real-stack
+    (slo_routing.py) and virtual-time (slo_virtual.py) benchmarks so both run the same
+    thing by default."""
+    p.add_argument("--chat-share", type=float, default=0.7)
+    p.add_argument("--chat-words", type=int, default=40)
+    p.add_argument("--chat-out", type=int, default=16)
+    p.add_argument("--chat-ttft-ms", type=float, default=150.0)
+    p.add_argument("--chat-tpot-ms", type=float, default=30.0)
+    p.add_argument("--long-words", type=int, default=1500)
+    p.add_argument("--long-out", type=int, default=32)
+    p.add_argument("--long-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--decode-ms", type=float, default=10.0)
+    p.add_argument("--prefill-ms", type=float, default=0.2)
+    p.add_argument("--max-num-seqs", type=int, default=4)

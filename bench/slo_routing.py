@@ -42,7 +42,7 @@ import aiohttp
 from epp.harness.localstack import LocalStack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.slo_configs import NO_PREDICTOR, write_without_predictor
+from bench.slo_configs import NO_PREDICTOR, add_workload_args, write_without_predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -201,17 +201,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=6.0)
     p.add_argument("--warmup-s", type=float, default=15.0)
     p.add_argument("--duration-s", type=float, default=30.0)
-    p.add_argument("--chat-share", type=float, default=0.7)
-    p.add_argument("--chat-words", type=int, default=40)
-    p.add_argument("--chat-out", type=int, default=16)
-    p.add_argument("--chat-ttft-ms", type=float, default=150.0)
-    p.add_argument("--chat-tpot-ms", type=float, default=30.0)
-    p.add_argument("--long-words", type=int, default=1500)
-    p.add_argument("--long-out", type=int, default=32)
-    p.add_argument("--long-ttft-ms", type=float, default=2000.0)
-    p.add_argument("--decode-ms", type=float, default=10.0)
-    p.add_argument("--prefill-ms", type=float, default=0.2)
-    p.add_argument("--max-num-seqs", type=int, default=4)
+    add_workload_args(p)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--run-dir", help="keep the processes' logs here (one folder per run)")
     p.add_argument("--json", help="write every run and the medians here")

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.predictor_accuracy import epp_view, finished_by, scrape  # noqa: E402
-from bench.slo_configs import NO_PREDICTOR, write_without_predictor  # noqa: E402
+from bench.slo_configs import NO_PREDICTOR, add_workload_args, write_without_predictor  # noqa: E402
 from epp.composition import install_plugins  # noqa: E402
 from epp.config.loader import load_config_file, load_default_config  # noqa: E402
 from epp.datastore import EndpointMetrics  # noqa: E402
@@ -285,17 +285,7 @@ def main() -> None:
     p.add_argument("--sims", type=int, default=3)
     p.add_argument("--warmup-s", type=float, default=15.0)
     p.add_argument("--duration-s", type=float, default=60.0)
-    p.add_argument("--chat-share", type=float, default=0.7)
-    p.add_argument("--chat-words", type=int, default=40)
-    p.add_argument("--chat-out", type=int, default=16)
-    p.add_argument("--chat-ttft-ms", type=float, default=150.0)
-    p.add_argument("--chat-tpot-ms", type=float, default=30.0)
-    p.add_argument("--long-words", type=int, default=1500)
-    p.add_argument("--long-out", type=int, default=32)
-    p.add_argument("--long-ttft-ms", type=float, default=2000.0)
-    p.add_argument("--decode-ms", type=float, default=10.0)
-    p.add_argument("--prefill-ms", type=float, default=0.2)
-    p.add_argument("--max-num-seqs", type=int, default=4)
+    add_workload_args(p)
     p.add_argument("--scrape-ms", type=float, default=50.0)
     p.add_argument("--refit-s", type=float, default=2.0)
     p.add_argument(
