@@ -63,35 +63,9 @@ from epp.harness.procs import ProcessGroup  # noqa: E402
 
 
 def _messages() -> list[bytes]:
-    from envoy.config.core.v3 import base_pb2
-    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from request_cpu import messages  # the same two messages bench/request_cpu.py parses
 
-    body = request_body()
-    headers = {
-        ":path": "/v1/completions",
-        ":method": "POST",
-        ":authority": "127.0.0.1:10000",
-        ":scheme": "http",
-        "content-type": "application/json",
-        "content-length": str(len(body)),
-        "x-request-id": "5f0c3a8e-4a53-4c5e-9d0e-2f1f0a7d9c11",
-        "user-agent": "Python/3.11 aiohttp/3.14",
-    }
-    first = pb.ProcessingRequest(
-        request_headers=pb.HttpHeaders(
-            headers=base_pb2.HeaderMap(
-                headers=[
-                    base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()
-                ]
-            )
-        ),
-        protocol_config=pb.ProtocolConfiguration(
-            request_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-        ),
-    )
-    last = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
-    return [first.SerializeToString(), last.SerializeToString()]
+    return messages(body=request_body())
 
 
 def _response_messages(chunks: int) -> list:

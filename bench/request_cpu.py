@@ -50,14 +50,15 @@ BODY = json.dumps(
 ).encode()
 
 
-def messages(extra: dict[str, str] | None = None) -> list[bytes]:
+def messages(extra: dict[str, str] | None = None, body: bytes = BODY) -> list[bytes]:
+    """Request headers and the whole body, serialized as Envoy sends them (FULL_DUPLEX_STREAMED)."""
     headers = {
         ":path": "/v1/completions",
         ":method": "POST",
         ":authority": "127.0.0.1:10000",
         ":scheme": "http",
         "content-type": "application/json",
-        "content-length": str(len(BODY)),
+        "content-length": str(len(body)),
         "x-request-id": "5f0c3a8e-4a53-4c5e-9d0e-2f1f0a7d9c11",
         "user-agent": "Python/3.11 aiohttp/3.14",
     } | (extra or {})
@@ -73,10 +74,10 @@ def messages(extra: dict[str, str] | None = None) -> list[bytes]:
             request_body_mode=processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
         ),
     )
-    body = pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True))
+    last = pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
     # Envoy's bytes, parsed per request as gRPC would: the cost of the messages' Python
     # objects is part of the request path.
-    return [first.SerializeToString(), body.SerializeToString()]
+    return [first.SerializeToString(), last.SerializeToString()]
 
 
 def build(n: int, config: Path | None = None) -> Director:
