@@ -359,6 +359,24 @@ class ProcessGroup:
 # ---------------------------------------------------------------- waiting
 
 
+def pid_runs(pid: int) -> bool:
+    """Whether `pid` is a live process; a zombie counts as stopped (it has exited, only its
+    parent has not reaped it yet), which is what a test asking "did it stop?" means."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll `cond` until it holds; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(_POLL_S)
+
+
 def wait_ready(proc: ManagedProcess, ready: Readiness, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:

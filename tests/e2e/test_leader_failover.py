@@ -13,30 +13,14 @@ import json
 import os
 import signal
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-from epp.harness.procs import LogReady, ProcessGroup, free_port
+from epp.harness.procs import LogReady, ProcessGroup, free_port, pid_runs, wait_until
 from epp.planner.connectors.statefile import decode
 
 EPP = [sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1"]
 TAKE_OVER = "leads: taking over"
-
-
-def runs(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
-    except FileNotFoundError:
-        return False
-
-
-def wait_until(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def endpoints(metrics_port: int) -> list[str]:
@@ -58,7 +42,7 @@ def test_the_follower_takes_over_when_the_leader_is_killed(tmp_path):
             _failover(pg, cfg, statefile)
         finally:  # the replica is no child of ours: if the test failed, kill its group
             for w in decode(statefile.read_text()) if statefile.exists() else []:
-                if runs(w.pid):
+                if pid_runs(w.pid):
                     os.killpg(w.pid, signal.SIGKILL)
 
 
@@ -91,4 +75,4 @@ def _failover(pg: ProcessGroup, cfg: Path, statefile: Path) -> None:
 
     follower.popen.send_signal(signal.SIGTERM)  # the new leader owns it: a clean exit stops it
     assert follower.popen.wait(timeout=90) == 0
-    wait_until(lambda: not runs(worker.pid), "the replica to stop")
+    wait_until(lambda: not pid_runs(worker.pid), "the replica to stop")

@@ -39,7 +39,7 @@ from epp.composition import install_plugins
 from epp.config.loader import load_config_file
 from epp.harness.envoy import EnvoyOptions, astart_envoy
 from epp.harness.localstack import PD_CONFIG
-from epp.harness.procs import ProcessGroup
+from epp.harness.procs import ProcessGroup, pid_runs
 from epp.planner.config import load_planner_file
 from epp.planner.connectors.local import LocalConnector
 from epp.planner.loop import ManualTicks
@@ -158,14 +158,6 @@ def received(port: int) -> int:
         return int(json.loads(r.read())["stats"]["requests_received"])
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture
 async def pd(tmp_path):
     cfg = load_planner_file(planner_file(tmp_path), "planner.yaml")
@@ -217,7 +209,7 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
     # every decode replica is its server plus its sidecar, in one process group; the
     # pool lists the sidecar
     (dec,) = [w for w in conn.workers() if w.role == D]
-    assert dec.sidecar_pid and alive(dec.sidecar_pid) and dec.server_port != dec.port
+    assert dec.sidecar_pid and pid_runs(dec.sidecar_pid) and dec.server_port != dec.port
     assert os.getpgid(dec.sidecar_pid) == dec.pid
     assert server.datastore.get(dec.name).port == dec.port
     t = [0.0]
@@ -257,7 +249,7 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
         ]
         assert conn.replicas()[D].ready == 2
         decoders = [w for w in conn.workers() if w.role == D]
-        assert all(w.sidecar_pid and alive(w.sidecar_pid) for w in decoders)
+        assert all(w.sidecar_pid and pid_runs(w.sidecar_pid) for w in decoders)
         await wait_for(lambda: healthy(server, D) == 2, "the new decode replica to be scraped")
         before = len(load.statuses)
         await wait_for(lambda: len(load.statuses) >= before + 24, "traffic on two decoders")
@@ -270,6 +262,6 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
     assert len(pids) == conn.replicas()[P].active + 2 * conn.replicas()[D].active
     await server.stop()
     for pid in pids:
-        assert not alive(pid), pid
+        assert not pid_runs(pid), pid
     state = json.loads((tmp_path / "state" / "pd.json").read_text())
     assert state["workers"] == []

@@ -8,28 +8,12 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
-from epp.harness.procs import LogReady, ProcessGroup, free_port
+from epp.harness.procs import LogReady, ProcessGroup, free_port, pid_runs, wait_until
 from epp.planner.connectors.statefile import decode
 
 EPP = [sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1"]
-
-
-def runs(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
-    except FileNotFoundError:
-        return False
-
-
-def wait_until(cond, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def argv() -> list[str]:
@@ -50,17 +34,17 @@ def test_kill_and_restart_adopts_then_sigterm_stops_everything(tmp_path):
             _adopt_then_stop(pg, cfg, statefile, ready)
         finally:  # the replica is no child of ours: if the test failed, kill its group
             for w in decode(statefile.read_text()) if statefile.exists() else []:
-                if runs(w.pid):
+                if pid_runs(w.pid):
                     os.killpg(w.pid, signal.SIGKILL)
 
 
 def _adopt_then_stop(pg: ProcessGroup, cfg: Path, statefile: Path, ready: LogReady) -> None:
     first = pg.start("epp-1", [*argv(), "--planner", str(cfg)], ready=ready, timeout=180)
     [worker] = decode(statefile.read_text())
-    assert runs(worker.pid)
+    assert pid_runs(worker.pid)
     first.popen.send_signal(signal.SIGKILL)  # the EPP alone: no clean-up runs
     first.popen.wait(timeout=10)
-    assert runs(worker.pid)  # the replica outlived it
+    assert pid_runs(worker.pid)  # the replica outlived it
 
     # ready once it serves (its signal handlers are set): a SIGTERM then drains
     serving = LogReady(r"epp serving ext_proc")
@@ -70,5 +54,5 @@ def _adopt_then_stop(pg: ProcessGroup, cfg: Path, statefile: Path, ready: LogRea
 
     second.popen.send_signal(signal.SIGTERM)
     assert second.popen.wait(timeout=90) == 0
-    wait_until(lambda: not runs(worker.pid), "the replica to stop")
+    wait_until(lambda: not pid_runs(worker.pid), "the replica to stop")
     assert decode(statefile.read_text()) == []

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import urllib.request
 
 import pytest
 
+from epp.harness.procs import pid_runs
 from epp.planner.config import LiveParams
 from epp.planner.connectors.reference_client import SimEnvironment, targets_of
 from epp.planner.connectors.virtual import VirtualConnector
@@ -45,14 +45,6 @@ def healthy(port: int) -> bool:
         return r.status == 200
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def test_the_client_carries_decisions_out_with_epp_sim_processes(tmp_path):
     conn = VirtualConnector((AGG,), "127.0.0.1:0")
     await conn.start()
@@ -73,7 +65,7 @@ async def test_the_client_carries_decisions_out_with_epp_sim_processes(tmp_path)
         await completed(conn, 1)
         one = listed(tmp_path / "pool.yaml")
         assert [e["name"] for e in one] == ["aggregated-0"]
-        assert not alive(pids["aggregated-1"]) and alive(pids["aggregated-0"])
+        assert not pid_runs(pids["aggregated-1"]) and pid_runs(pids["aggregated-0"])
         assert env.completed == [0, 1]
         assert conn.replicas()[AGG].ready == 1  # the planner sees it carried out
     finally:
@@ -82,5 +74,5 @@ async def test_the_client_carries_decisions_out_with_epp_sim_processes(tmp_path)
             await task
         await conn.stop()
     # the client's exit stops its replicas and empties the pool it published
-    assert not alive(pids["aggregated-0"])
+    assert not pid_runs(pids["aggregated-0"])
     assert listed(tmp_path / "pool.yaml") == []
