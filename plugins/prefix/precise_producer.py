@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from epp.datalayer.kv_decode import EventBatch
@@ -211,7 +212,22 @@ class PrecisePrefixCacheProducer(Plugin):
             cached_blocks=cached,
             chains=chains,
             prompt_tokens=len(ids),
+            occupancy=self._occupancy(endpoints),
         )
+
+    def _occupancy(self, endpoints: list[EndpointSnapshot]) -> Callable[[str], float]:
+        """`PrefixMatchInfo.occupancy`: the blocks the endpoint's events say it holds over
+        its `num_gpu_blocks` (vllm:cache_config_info), else over `maxBlocksPerEndpoint`.
+        The capacities are read only when a consumer asks (`evictionCost`)."""
+        caps: dict[str, int] = {}
+
+        def occupancy(name: str) -> float:
+            if not caps:
+                caps.update((e.name, e.metrics.cache_num_blocks) for e in endpoints)
+            cap = caps.get(name) or self.params.max_blocks_per_endpoint
+            return self.index.size(name) / cap
+
+        return occupancy
 
     def _token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int]:
         return prompt_token_ids(state, request, self.tokenizer)
