@@ -150,14 +150,11 @@ class ApproxPrefixCacheProducer(Plugin):
             cached_blocks=counts,
             chains={block_tokens: hashes},
             prompt_tokens=len(ids) if ids is not None else 0,
-            occupancy=self.occupancy,
+            # The share of each endpoint's LRU capacity (its num_gpu_blocks with autoTune)
+            # the index holds: what the EPP routed there that the server has not had to
+            # evict, as far as this index can tell.
+            occupancy=self.index.fills,
         )
-
-    def occupancy(self, endpoint: str) -> float:
-        """The share of the endpoint's LRU capacity (its `num_gpu_blocks` with autoTune)
-        the index holds: what the EPP has routed there and the server has not yet had to
-        evict, as far as this index can tell (`PrefixMatchInfo.occupancy`)."""
-        return self.index.endpoint_size(endpoint) / max(1, self.index.capacity(endpoint))
 
     def token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int] | None:
         """The prompt's ids (client-sent, or tokenized once per request), None to cut text."""

@@ -36,8 +36,8 @@ class PrefixMatchInfo:
     producer matched, which its pre-request hook records for the picked endpoints.
     `prompt_tokens` is the prompt's length in tokens when the producer counted tokens
     (0 when it cut characters), which caps `cached_tokens` as vLLM caps a hit.
-    `occupancy(name)`, when the producer can tell, is the share of the endpoint's KV blocks
-    its index sees holding cached blocks (0 = room to spare, 1 = every new block evicts
+    `occupancy(names)`, when the producer can tell, is per endpoint the share of its KV
+    blocks the index sees holding cached blocks (0 = room to spare, 1 = every new block evicts
     one): what `placement_tokens` charges for prefilling there.
     """
 
@@ -47,7 +47,7 @@ class PrefixMatchInfo:
     cached_blocks: Mapping[str, int] = field(default_factory=dict)
     chains: Mapping[int, Sequence[int]] = field(default_factory=dict)
     prompt_tokens: int = 0
-    occupancy: Callable[[str], float] | None = None
+    occupancy: Callable[[Sequence[str]], list[float]] | None = None
 
     def score(self, endpoint_name: str) -> float:
         if self.total_blocks <= 0:
@@ -62,10 +62,10 @@ class PrefixMatchInfo:
         return frozenset(n for n in self.matched if self.score(n) >= threshold)
 
     def fill(self, endpoint_name: str) -> float:
-        """`occupancy` clamped to [0, 1]; 0 when the producer does not tell."""
+        """One endpoint's `occupancy`, clamped to [0, 1]; 0 when the producer does not tell."""
         if self.occupancy is None:
             return 0.0
-        return min(1.0, max(0.0, self.occupancy(endpoint_name)))
+        return min(1.0, max(0.0, self.occupancy([endpoint_name])[0]))
 
     def request_tokens(self, estimate: int) -> int:
         """The prompt's length for cost estimates: the producer's token count when it
@@ -123,5 +123,8 @@ def placement_tokens(
     get = uncached_by_name(info, whole).get
     if not eviction or info.occupancy is None:
         return [get(n, whole) for n in names]
-    fill = info.fill
-    return [u * (1.0 + fill(n)) if (u := get(n, whole)) else 0 for n in names]
+    fills = info.occupancy(names)
+    return [
+        u * (1.0 + (f if f < 1.0 else 1.0)) if (u := get(n, whole)) else 0
+        for n, f in zip(names, fills, strict=True)
+    ]

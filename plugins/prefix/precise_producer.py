@@ -33,7 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epp.datalayer.kv_decode import EventBatch
@@ -215,17 +215,20 @@ class PrecisePrefixCacheProducer(Plugin):
             occupancy=self._occupancy(endpoints),
         )
 
-    def _occupancy(self, endpoints: list[EndpointSnapshot]) -> Callable[[str], float]:
-        """`PrefixMatchInfo.occupancy`: the blocks the endpoint's events say it holds over
+    def _occupancy(
+        self, endpoints: list[EndpointSnapshot]
+    ) -> Callable[[Sequence[str]], list[float]]:
+        """`PrefixMatchInfo.occupancy`: the blocks each endpoint's events say it holds over
         its `num_gpu_blocks` (vllm:cache_config_info), else over `maxBlocksPerEndpoint`.
         The capacities are read only when a consumer asks (`evictionCost`)."""
+        fallback = self.params.max_blocks_per_endpoint
         caps: dict[str, int] = {}
 
-        def occupancy(name: str) -> float:
-            if not caps:
-                caps.update((e.name, e.metrics.cache_num_blocks) for e in endpoints)
-            cap = caps.get(name) or self.params.max_blocks_per_endpoint
-            return self.index.size(name) / cap
+        def occupancy(names: Sequence[str]) -> list[float]:
+            if not caps:  # once per request, however many consumers ask
+                caps.update((e.name, e.metrics.cache_num_blocks or fallback) for e in endpoints)
+            sizes = self.index.sizes(names)
+            return [s / caps.get(n, fallback) for n, s in zip(names, sizes, strict=True)]
 
         return occupancy
 

@@ -122,7 +122,7 @@ def random_info(rng: random.Random, pool: list[EndpointSnapshot]) -> PrefixMatch
     fill = {e.name: rng.uniform(0.0, 1.2) for e in pool}  # > 1 is clamped
     return PrefixMatchInfo(
         total_blocks=total, block_size_tokens=16, matched=blocks, cached_blocks=blocks,
-        prompt_tokens=total * 16, occupancy=fill.__getitem__,
+        prompt_tokens=total * 16, occupancy=lambda names: [fill[n] for n in names],
     )  # fmt: skip
 
 
@@ -132,7 +132,7 @@ def reference_costs(info: PrefixMatchInfo, estimate: int, names: list[str], evic
     own = uncached_prompt_tokens(info, info.prompt_tokens or estimate, names)
     if not eviction:
         return own
-    return [u * (1.0 + min(1.0, info.occupancy(n))) for n, u in zip(names, own, strict=True)]
+    return [u * (1.0 + info.fill(n)) for n, u in zip(names, own, strict=True)]
 
 
 def request(tokens: int):

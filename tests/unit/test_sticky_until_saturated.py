@@ -346,7 +346,7 @@ def filled(fill: dict[str, float], prompt_tokens: int = 1000, **tokens: int) -> 
     blocks = {n: t // 16 for n, t in tokens.items()}
     info = PrefixMatchInfo(
         total_blocks=63, block_size_tokens=16, matched=dict(blocks), cached_blocks=blocks,
-        prompt_tokens=prompt_tokens, occupancy=lambda n: fill.get(n, 0.0),
+        prompt_tokens=prompt_tokens, occupancy=lambda ns: [fill.get(n, 0.0) for n in ns],
     )  # fmt: skip
     state.write(PREFIX_MATCH_KEY, info)
     return state
