@@ -94,9 +94,11 @@ plugins:
     maxTTFTPenaltyMs: 250
     includeRequest: true
     cachedPenaltyFactor: 2
+    evictionCost: true
 - type: token-load-scorer
   parameters:
     perRequestTokens: 128
+    evictionCost: true
 - type: prefix-cache-scorer
 - type: max-score-picker
 schedulingProfiles:

@@ -53,6 +53,15 @@ full penalty. k = 1 was too tight where prefixes outgrow the pool's KV cache: ca
 kv-pressure at 75 req/s: TTFT p90 167 ms → 1.8 s). k > 1 also stands for the requests
 after this one that find the prefix where it is.
 
+With `evictionCost: true` (and `includeRequest`) this request's uncached prompt on each
+endpoint counts 1 + that endpoint's cache fill times (`placement_tokens`): on a server
+whose KV cache is full of cached prefixes, each block it prefills evicts one a later
+request would hit. On 3 real vLLM servers with 10 groups' prefixes in 3 × 64 blocks, the
+gate opened whenever a group's server had one prefill more in flight than an idle one
+(1 request × 1,024 + ~450 prompt tokens against a ~500-token prefix), the group moved, its
+second copy evicted other groups, and the pool kept 0.79-0.90 of the ideal hit rate; with
+the term, 0.96 (docs/BENCHMARKS.md). An empty cold server (fill 0) costs what it did.
+
 No sticky endpoint, fewer than two candidates, or no `PrefixMatchInfo` in the cycle (no
 prefix producer configured) → all kept. The defaults are llm-d's consistent set, since the
 TTFT estimate is llm-d's: 15,928 tok/s is Qwen 32B on 2×H100 (TP 2) with vLLM 0.19, so
@@ -73,7 +82,7 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
-from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_by_name
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, placement_tokens
 
 _QUEUED_DEFAULT = 1024  # a typical chat prompt; only `live` reads it
 
@@ -114,6 +123,10 @@ class PrefixAffinityParams:
         min=0.0,
         doc="cap maxTTFTPenaltyMs at this many times the cached prefix's prefill time; 0 = off",
     )
+    eviction_cost: bool = param(
+        False,
+        doc="with includeRequest, count the request's uncached prompt 1 + cache fill times",
+    )
     ttft_source: str = param(
         "prefillThroughput",
         choices=("prefillThroughput",),
@@ -125,6 +138,8 @@ class PrefixAffinityParams:
             raise ValueError("queuedRequestTokens is read only with loadSignal: live; set both")
         if self.max_ttft_penalty_ms > 0 and self.peak_prefill_throughput <= 0:
             raise ValueError("peakPrefillThroughput must be > 0 while maxTTFTPenaltyMs is > 0")
+        if self.eviction_cost and not self.include_request:
+            raise ValueError("evictionCost weighs the request's own prompt: set includeRequest")
 
 
 @register("prefix-cache-affinity-filter")
@@ -141,6 +156,7 @@ class PrefixCacheAffinityFilter(Plugin):
         self.queued_tokens = params.queued_request_tokens
         self.include_request = params.include_request
         self.cached_penalty_factor = params.cached_penalty_factor
+        self.eviction = params.eviction_cost
         self.rng = handle.rng
 
     def load_tokens(self, endpoint: EndpointSnapshot) -> int:
@@ -197,16 +213,16 @@ class PrefixCacheAffinityFilter(Plugin):
         # One pass of plain attribute reads (`load_tokens` inlined), and the minimum taken
         # on tokens: x / peak * 1000 is monotonic, so the least load is the least TTFT,
         # bit for bit (issue 13 §6: 1,000 candidates per request).
-        whole = max(0, prompt)
-        get = uncached_by_name(info, prompt).get if prompt else {}.get
+        if prompt > 0:
+            own = placement_tokens(info, prompt, [e.name for e in endpoints], self.eviction)
+        else:
+            own = [0] * len(endpoints)
         if self.live:
             q = self.queued_tokens
             loads = [
-                e.inflight_tokens
-                + (e.metrics.waiting_queue_size + e.inflight_requests) * q
-                + get(e.endpoint.name, whole)
-                for e in endpoints
+                e.inflight_tokens + (e.metrics.waiting_queue_size + e.inflight_requests) * q + u
+                for e, u in zip(endpoints, own, strict=True)
             ]
         else:
-            loads = [e.inflight_prefill_tokens + get(e.endpoint.name, whole) for e in endpoints]
+            loads = [e.inflight_prefill_tokens + u for e, u in zip(endpoints, own, strict=True)]
         return min(loads) / self.peak * 1000.0

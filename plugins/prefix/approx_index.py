@@ -166,6 +166,12 @@ class ApproxPrefixIndex:
     def capacity(self, endpoint: str) -> int:
         return self._capacity.get(endpoint, self.default_capacity)
 
+    def fills(self, endpoints: Sequence[str]) -> list[float]:
+        """Per endpoint, its LRU's size over its capacity (0 for one never written): one
+        list pass of dict lookups, read for every candidate of a request (issue 13 §6)."""
+        lru, cap, default = self._lru, self._capacity, self.default_capacity
+        return [len(lru[n]) / cap.get(n, default) if n in lru else 0.0 for n in endpoints]
+
     def endpoint_size(self, endpoint: str) -> int:
         lru = self._lru.get(endpoint)
         return len(lru) if lru is not None else 0

@@ -150,6 +150,10 @@ class ApproxPrefixCacheProducer(Plugin):
             cached_blocks=counts,
             chains={block_tokens: hashes},
             prompt_tokens=len(ids) if ids is not None else 0,
+            # The share of each endpoint's LRU capacity (its num_gpu_blocks with autoTune)
+            # the index holds: what the EPP routed there that the server has not had to
+            # evict, as far as this index can tell.
+            occupancy=self.index.fills,
         )
 
     def token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int] | None:

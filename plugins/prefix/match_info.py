@@ -9,7 +9,7 @@ loader refuses two producers of one key).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from epp.scheduling.types import PREFIX_MATCH_KEY  # declared by the framework, which reads it
@@ -17,6 +17,7 @@ from epp.scheduling.types import PREFIX_MATCH_KEY  # declared by the framework, 
 __all__ = [
     "PREFIX_MATCH_KEY",
     "PrefixMatchInfo",
+    "placement_tokens",
     "uncached_by_name",
     "uncached_prompt_tokens",
 ]
@@ -35,6 +36,9 @@ class PrefixMatchInfo:
     producer matched, which its pre-request hook records for the picked endpoints.
     `prompt_tokens` is the prompt's length in tokens when the producer counted tokens
     (0 when it cut characters), which caps `cached_tokens` as vLLM caps a hit.
+    `occupancy(names)`, when the producer can tell, is per endpoint the share of its KV
+    blocks the index sees holding cached blocks (0 = room to spare, 1 = every new block evicts
+    one): what `placement_tokens` charges for prefilling there.
     """
 
     total_blocks: int
@@ -43,6 +47,7 @@ class PrefixMatchInfo:
     cached_blocks: Mapping[str, int] = field(default_factory=dict)
     chains: Mapping[int, Sequence[int]] = field(default_factory=dict)
     prompt_tokens: int = 0
+    occupancy: Callable[[Sequence[str]], list[float]] | None = None
 
     def score(self, endpoint_name: str) -> float:
         if self.total_blocks <= 0:
@@ -55,6 +60,19 @@ class PrefixMatchInfo:
         if self.total_blocks <= 0:
             return frozenset()
         return frozenset(n for n in self.matched if self.score(n) >= threshold)
+
+    def fill(self, endpoint_name: str) -> float:
+        """One endpoint's `occupancy`, clamped to [0, 1]; 0 when the producer does not tell."""
+        if self.occupancy is None:
+            return 0.0
+        return min(1.0, max(0.0, self.occupancy([endpoint_name])[0]))
+
+    def request_tokens(self, estimate: int) -> int:
+        """The prompt's length for cost estimates: the producer's token count when it
+        counted tokens, else `estimate` (the request's characters / 4). With a chat template
+        the two differ by the template and the tokenizer (~500 tokens counted as ~450), and
+        the cached tokens they are set against are counted, not estimated."""
+        return self.prompt_tokens if self.prompt_tokens > 0 else max(0, estimate)
 
     def cached_tokens(self, endpoint_name: str) -> int:
         """Tokens the endpoint will serve from its cache: its leading cached blocks, at
@@ -87,3 +105,26 @@ def uncached_prompt_tokens(
     whole = max(0, prompt_tokens)
     get = uncached_by_name(info, prompt_tokens).get
     return [get(name, whole) for name in names]
+
+
+def placement_tokens(
+    info: PrefixMatchInfo, estimate: int, names: Sequence[str], eviction: bool
+) -> list[float]:
+    """Per endpoint, what placing this request there costs in prompt tokens: its uncached
+    prompt there (`request_tokens` less `cached_tokens`) and, with `eviction`, as many
+    again times the endpoint's `fill`: on a server whose KV cache is full of cached
+    prefixes every block this prefill writes evicts one that a later request would have
+    hit, so a cold full server costs the pool about twice the prefill, a cached one
+    nothing more. Without the term a group whose server is one request busier moves to
+    an idle server that must evict other groups to hold it, and under KV pressure that
+    cascades (docs/BENCHMARKS.md, "Routing on real vLLM servers"). Only matched endpoints
+    cost less than the whole prompt; the rest are one dict lookup each (issue 13 §6)."""
+    whole = info.request_tokens(estimate)
+    get = uncached_by_name(info, whole).get
+    if not eviction or info.occupancy is None:
+        return [get(n, whole) for n in names]
+    fills = info.occupancy(names)
+    return [
+        u * (1.0 + (f if f < 1.0 else 1.0)) if (u := get(n, whole)) else 0
+        for n, f in zip(names, fills, strict=True)
+    ]

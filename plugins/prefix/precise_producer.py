@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epp.datalayer.kv_decode import EventBatch
@@ -211,7 +212,25 @@ class PrecisePrefixCacheProducer(Plugin):
             cached_blocks=cached,
             chains=chains,
             prompt_tokens=len(ids),
+            occupancy=self._occupancy(endpoints),
         )
+
+    def _occupancy(
+        self, endpoints: list[EndpointSnapshot]
+    ) -> Callable[[Sequence[str]], list[float]]:
+        """`PrefixMatchInfo.occupancy`: the blocks each endpoint's events say it holds over
+        its `num_gpu_blocks` (vllm:cache_config_info), else over `maxBlocksPerEndpoint`.
+        The capacities are read only when a consumer asks (`evictionCost`)."""
+        fallback = self.params.max_blocks_per_endpoint
+        caps: dict[str, int] = {}
+
+        def occupancy(names: Sequence[str]) -> list[float]:
+            if not caps:  # once per request, however many consumers ask
+                caps.update((e.name, e.metrics.cache_num_blocks or fallback) for e in endpoints)
+            sizes = self.index.sizes(names)
+            return [s / caps.get(n, fallback) for n, s in zip(names, sizes, strict=True)]
+
+        return occupancy
 
     def _token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int]:
         return prompt_token_ids(state, request, self.tokenizer)

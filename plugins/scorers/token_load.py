@@ -13,7 +13,10 @@ endpoint's `InFlightLoad`): an endpoint that caches the prompt owes less for it,
 8,500-token prompts a cached server with a few requests in flight still scores above a cold
 idle one, until its queue outweighs the prefill the cold one would pay. It is added only
 when a prefix producer ran: without one the prompt costs every endpoint the same, which
-changes no ranking.
+changes no ranking. The prompt's length is the producer's token count when it counted
+tokens, else characters / 4. With `evictionCost: true` the request's own term counts
+1 + the endpoint's cache fill times, as the affinity filter's (`placement_tokens`): a cold
+server whose cache is full evicts as much as it prefills.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
-from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, uncached_by_name
+from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo, placement_tokens
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class TokenLoadParams:
     )
     per_request_tokens: int = param(
         0, min=0, doc="tokens each request in flight adds to its endpoint's load (0: upstream's)"
+    )
+    eviction_cost: bool = param(
+        False,
+        doc="count this request's uncached prompt 1 + the endpoint's cache fill times",
     )
 
 
@@ -47,6 +54,7 @@ class TokenLoadScorer(Plugin):
         super().__init__(name)
         self.threshold = params.queue_threshold_tokens
         self.per_request = params.per_request_tokens
+        self.eviction = params.eviction_cost
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
@@ -55,12 +63,13 @@ class TokenLoadScorer(Plugin):
         info: PrefixMatchInfo | None = state.read(PREFIX_MATCH_KEY)
         if info is None:
             loads = [e.inflight_tokens + k * e.inflight_requests for e in endpoints]
-        else:  # this request's uncached prompt there: a dict lookup, not a call, per endpoint
-            whole = max(0, request.prompt_tokens_estimate)
-            get = uncached_by_name(info, request.prompt_tokens_estimate).get
+        else:  # this request's uncached prompt there (`placement_tokens`)
+            own = placement_tokens(
+                info, request.prompt_tokens_estimate, [e.name for e in endpoints], self.eviction
+            )
             loads = [
-                e.inflight_tokens + k * e.inflight_requests + get(e.endpoint.name, whole)
-                for e in endpoints
+                e.inflight_tokens + k * e.inflight_requests + u
+                for e, u in zip(endpoints, own, strict=True)
             ]
         # 1 - min(1, load / t), without a call per endpoint (issue 13 §6: 1,000 candidates)
         return [1.0 - (r if (r := x / t) < 1.0 else 1.0) for x in loads]

@@ -330,3 +330,18 @@ def test_scorer_parameters_beside_an_explicit_producer_fail_loudly():
         "- type: prefix-scorer\n  parameters: {blockSizeTokens: 4}\n"
         "- type: prefix-cache-scorer\n  name: second\n"
     )
+
+
+def test_occupancy_is_the_indexed_blocks_over_each_endpoints_capacity():
+    prod = producer({"lruCapacityPerServer": 100})
+    a = with_metrics(A, cache_num_blocks=4, cache_block_size=2)  # autoTune: 4 blocks
+    b = with_metrics(B, cache_block_size=2)  # num_gpu_blocks unknown: capacity 100
+    route(prod, completion("aaaaaaaabbbbbbbbcccccccc"), {"default": [a]}, endpoints=[a, b])
+    route(prod, completion("aaaaaaaabbbbbbbbcccccccc"), {"default": [b]}, endpoints=[a, b])
+    info = match(prod, completion("zzzzzzzz"), endpoints=[a, b, C])
+    assert info.fill("a") == pytest.approx(3 / 4)
+    assert info.fill("b") == pytest.approx(3 / 100)
+    assert info.fill("c") == 0.0  # never routed to: room to spare
+    # A fourth and fifth block fill a; the LRU keeps it at its 4 blocks: full, not over.
+    route(prod, completion("ddddddddeeeeeeee"), {"default": [a]}, endpoints=[a, b])
+    assert match(prod, completion("zzzzzzzz"), endpoints=[a]).fill("a") == 1.0

@@ -362,3 +362,14 @@ def test_endpoint_objects_in_pool_are_resolved_by_host_port():
     assert POOL[0] == Endpoint("a", A.endpoint.address, 8001)
     prod = producer()
     assert prod.receiver.handle_frames(message(f"kv@{A.hostport}@m", 0, []))
+
+
+def test_occupancy_is_the_blocks_events_report_over_the_servers_kv_blocks():
+    prod = producer({"maxBlocksPerEndpoint": 100})
+    send(prod, "a", [stored_array([11, 12, 13], None, IDS, 4)])
+    a = with_metrics(A, cache_num_blocks=6)  # vllm:cache_config_info num_gpu_blocks
+    info = match(prod, endpoints=[a, B, C])
+    assert info.fill("a") == pytest.approx(3 / 6)
+    assert info.fill("b") == 0.0  # no events yet: nothing to evict
+    # Without num_gpu_blocks the cap bounds it: 3 of maxBlocksPerEndpoint 100.
+    assert match(prod).fill("a") == pytest.approx(3 / 100)

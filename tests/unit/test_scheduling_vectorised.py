@@ -119,10 +119,20 @@ def random_info(rng: random.Random, pool: list[EndpointSnapshot]) -> PrefixMatch
     total = rng.randrange(1, 40)
     hit = rng.sample(pool, rng.randrange(0, min(6, len(pool) + 1)))
     blocks = {e.name: rng.randrange(0, total + 1) for e in hit}
+    fill = {e.name: rng.uniform(0.0, 1.2) for e in pool}  # > 1 is clamped
     return PrefixMatchInfo(
         total_blocks=total, block_size_tokens=16, matched=blocks, cached_blocks=blocks,
-        prompt_tokens=total * 16,
+        prompt_tokens=total * 16, occupancy=lambda names: [fill[n] for n in names],
     )  # fmt: skip
+
+
+def reference_costs(info: PrefixMatchInfo, estimate: int, names: list[str], eviction: bool):
+    """This request's own cost per endpoint, as `placement_tokens` states it: the counted
+    prompt (else the estimate) less the cached tokens, times 1 + fill with evictionCost."""
+    own = uncached_prompt_tokens(info, info.prompt_tokens or estimate, names)
+    if not eviction:
+        return own
+    return [u * (1.0 + info.fill(n)) for n, u in zip(names, own, strict=True)]
 
 
 def request(tokens: int):
@@ -137,10 +147,13 @@ def reference_filter(f, info: PrefixMatchInfo, req, pool: list[EndpointSnapshot]
     if not sticky or len(pool) <= 1:
         return pool
     if f.max_penalty_ms > 0 and other:
-        prompt = req.prompt_tokens_estimate if f.include_request else 0
 
         def best(group: list[EndpointSnapshot]) -> float:
-            own = uncached_prompt_tokens(info, prompt, [e.name for e in group])
+            names = [e.name for e in group]
+            if f.include_request:
+                own = reference_costs(info, req.prompt_tokens_estimate, names, f.eviction)
+            else:
+                own = [0] * len(group)
             return min(
                 (f.load_tokens(e) + u) / f.peak * 1000.0 for e, u in zip(group, own, strict=True)
             )
@@ -150,8 +163,9 @@ def reference_filter(f, info: PrefixMatchInfo, req, pool: list[EndpointSnapshot]
     return sticky
 
 
+@pytest.mark.parametrize("eviction", [False, True])
 @pytest.mark.parametrize("signal", ["live", "prefill"])
-def test_affinity_filter_and_token_load_equal_their_per_endpoint_formulas(signal):
+def test_affinity_filter_and_token_load_equal_their_per_endpoint_formulas(signal, eviction):
     rng = random.Random(7)
     f = plugin(
         "prefix-cache-affinity-filter",
@@ -161,10 +175,14 @@ def test_affinity_filter_and_token_load_equal_their_per_endpoint_formulas(signal
             "maxTTFTPenaltyMs": 2000,
             "includeRequest": True,
             "cachedPenaltyFactor": 2,
+            "evictionCost": eviction,
             **({"queuedRequestTokens": 300} if signal == "live" else {}),
         },
     )
-    scorer = plugin("token-load-scorer", {"perRequestTokens": 128, "queueThresholdTokens": 20000})
+    scorer = plugin(
+        "token-load-scorer",
+        {"perRequestTokens": 128, "queueThresholdTokens": 20000, "evictionCost": eviction},
+    )
     outcomes = set()
     for trial in range(200):
         pool = random_pool(rng, rng.choice([2, 10, 1000]))
@@ -176,7 +194,7 @@ def test_affinity_filter_and_token_load_equal_their_per_endpoint_formulas(signal
         want = reference_filter(f, info, req, pool)
         assert got == want, trial
         outcomes.add("all" if got is pool or len(got) == len(pool) else "sticky")
-        own = uncached_prompt_tokens(info, req.prompt_tokens_estimate, [e.name for e in pool])
+        own = reference_costs(info, req.prompt_tokens_estimate, [e.name for e in pool], eviction)
         by_formula = [
             1.0 - min(1.0, (e.inflight_tokens + 128 * e.inflight_requests + u) / 20000)
             for e, u in zip(pool, own, strict=True)

@@ -187,6 +187,7 @@ def test_shipped_config_is_the_filter_then_token_load_then_prefix():
     assert filt.include_request and filt.cached_penalty_factor == 2 and filt.live
     assert filt.max_penalty_ms == 250
     assert profile.scorers[0].scorer.per_request == 128
+    assert filt.eviction and profile.scorers[0].scorer.eviction  # both price evictions
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -333,3 +334,80 @@ def test_cached_penalty_factor_scales_the_cap():
     assert names(f.filter(state, short, [busy("a", decode=120), busy("b")])) == ["a"]
     # a owes 150: 150 − 48 = 102 > 96 → everyone.
     assert names(f.filter(state, short, [busy("a", decode=150), busy("b")])) == ["a", "b"]
+
+
+# ---- evictionCost: a prefill into a full cache evicts what later requests would hit ----
+
+
+def filled(fill: dict[str, float], prompt_tokens: int = 1000, **tokens: int) -> CycleState:
+    """`cached(**tokens)` whose producer counted `prompt_tokens` and reports each
+    endpoint's cache `fill` (unnamed endpoints: 0)."""
+    state = CycleState()
+    blocks = {n: t // 16 for n, t in tokens.items()}
+    info = PrefixMatchInfo(
+        total_blocks=63, block_size_tokens=16, matched=dict(blocks), cached_blocks=blocks,
+        prompt_tokens=prompt_tokens, occupancy=lambda ns: [fill.get(n, 0.0) for n in ns],
+    )  # fmt: skip
+    state.write(PREFIX_MATCH_KEY, info)
+    return state
+
+
+def evicting_gate(eviction: bool):
+    params = {**LIVE, "includeRequest": True, "cachedPenaltyFactor": 0.5}
+    return plugin("prefix-cache-affinity-filter", {**params, "evictionCost": eviction})
+
+
+def test_eviction_cost_keeps_a_group_off_a_full_cold_server():
+    # Real vLLM's case (docs/BENCHMARKS.md): a holds 992 of the 1,000-token prompt and has
+    # two requests in flight, one still prefilling 900 tokens; b is idle and cold. a =
+    # 900 + 2 × 500 + 8 uncached = 1,908, b = 1,000: 908 > the cap (0.5 × 992 = 496) →
+    # the gate opens and b, idle, takes the group: a second copy of its prefix.
+    eps = [busy("a", prefill=900, requests=2), busy("b")]
+    state = filled({"a": 1.0, "b": 1.0}, a=992)
+    assert names(evicting_gate(False).filter(state, completion(PROMPT), eps)) == ["a", "b"]
+    # With evictionCost b's 1,000 tokens evict as many cached ones there: 2,000, and a
+    # (1,908, its 8 tokens also into a full cache: 1,916) is the cheaper placement: sticky.
+    assert names(evicting_gate(True).filter(state, completion(PROMPT), eps)) == ["a"]
+    # b half full: 1,500; 1,916 − 1,500 = 416 ≤ 496 → still sticky.
+    state = filled({"a": 1.0, "b": 0.5}, a=992)
+    assert names(evicting_gate(True).filter(state, completion(PROMPT), eps)) == ["a"]
+    # b with room to spare evicts nothing: the gate is what it was, and opens.
+    state = filled({"a": 1.0}, a=992)
+    assert names(evicting_gate(True).filter(state, completion(PROMPT), eps)) == ["a", "b"]
+
+
+def test_eviction_cost_needs_include_request():
+    spec = PLUGIN_TYPES.lookup("prefix-cache-affinity-filter")
+    with pytest.raises(ConfigError, match="evictionCost weighs the request's own prompt"):
+        parse_params(spec.params, {"evictionCost": True})
+
+
+def test_token_load_eviction_cost_weighs_each_endpoints_fill():
+    params = {"queueThresholdTokens": 10_000, "evictionCost": True}
+    scorer = plugin("token-load-scorer", params)
+    # a caches 800 of 1,000 tokens, 500 in flight, full: 500 + 200 × 2 = 900; b cold and
+    # full: 1,000 × 2 = 2,000; c cold with room: 1,000.
+    a, b, c = snap("a", inflight_tokens=500), snap("b"), snap("c")
+    state = filled({"a": 1.0, "b": 1.0}, a=800)
+    assert scorer.score(state, completion(PROMPT), [a, b, c]) == [
+        pytest.approx(1 - 900 / 10_000),
+        pytest.approx(1 - 2000 / 10_000),
+        pytest.approx(1 - 1000 / 10_000),
+    ]
+    plain = plugin("token-load-scorer", {"queueThresholdTokens": 10_000})
+    assert plain.score(state, completion(PROMPT), [a, b, c]) == [
+        pytest.approx(1 - 700 / 10_000),
+        pytest.approx(1 - 1000 / 10_000),
+        pytest.approx(1 - 1000 / 10_000),
+    ]
+
+
+def test_the_counted_prompt_replaces_the_character_estimate():
+    # The producer counted 1,200 tokens (a chat template, a real tokenizer) where the
+    # characters say 1,000: a cold endpoint owes the 1,200 it will prefill.
+    scorer = plugin("token-load-scorer", {"queueThresholdTokens": 10_000})
+    state = filled({}, prompt_tokens=1200, a=800)
+    assert scorer.score(state, completion(PROMPT), [snap("a"), snap("b")]) == [
+        pytest.approx(1 - 400 / 10_000),
+        pytest.approx(1 - 1200 / 10_000),
+    ]
