@@ -256,7 +256,7 @@ class BeyondParams:
         "worst window is 5 minutes)",
     )
     attainment_gain: float = param(
-        3.0,
+        2.0,
         min=0.0,
         doc="how far one interval's shortfall moves the load factor: factor += gain x "
         "(target - attainment over the window)",
