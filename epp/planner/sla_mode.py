@@ -18,9 +18,10 @@ Per interval:
    `min(1, p)` may not); they are clamped to [1/3, 3] and smoothed (half old, half
    new) instead of taken raw, so an overloaded interval (whose latencies say "the
    profile is optimistic" loudly: a trial replay measured TTFTs 100× the model's)
-   moves them by a bounded step. They are **frozen while replicas start** and for the
-   interval after a scale-up (`freeze-correction-on-startup`; cold caches made Dynamo
-   over-compensate, #2511).
+   moves them by a bounded step (`correction-fast-rise`: a measurement above the
+   factor is taken at once, one below smoothed). They are **frozen while replicas
+   start** and for the interval after a scale-up (`freeze-correction-on-startup`;
+   cold caches made Dynamo over-compensate, #2511).
 4. **Forecast horizon** (`startup-time`): a replica asked for now serves after
    start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
    takes the largest of them, at the `forecast-quantile` upper bound
@@ -76,6 +77,9 @@ Per interval:
    asymmetric scheme the HPA uses (scale-up with no stabilization, scale-down after its
    300 s window; KEDA polls every 30 s by default, the vLLM recipe every 15 s): the
    window and the guard are in seconds, so scale-downs keep their pace.
+11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
+   share of requests within both SLAs over a recent window drives a load factor the
+   sizing plans for (integral action, bounded, given back when comfortable).
 """
 
 from __future__ import annotations
