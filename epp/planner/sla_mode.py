@@ -18,9 +18,10 @@ Per interval:
    `min(1, p)` may not); they are clamped to [1/3, 3] and smoothed (half old, half
    new) instead of taken raw, so an overloaded interval (whose latencies say "the
    profile is optimistic" loudly: a trial replay measured TTFTs 100× the model's)
-   moves them by a bounded step. They are **frozen while replicas start** and for the
-   interval after a scale-up (`freeze-correction-on-startup`; cold caches made Dynamo
-   over-compensate, #2511).
+   moves them by a bounded step (`correction-fast-rise`: a measurement above the
+   factor is taken at once, one below smoothed). They are **frozen while replicas
+   start** and for the interval after a scale-up (`freeze-correction-on-startup`;
+   cold caches made Dynamo over-compensate, #2511).
 4. **Forecast horizon** (`startup-time`): a replica asked for now serves after
    start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
    takes the largest of them, at the `forecast-quantile` upper bound
@@ -76,6 +77,9 @@ Per interval:
    asymmetric scheme the HPA uses (scale-up with no stabilization, scale-down after its
    300 s window; KEDA polls every 30 s by default, the vLLM recipe every 15 s): the
    window and the guard are in seconds, so scale-downs keep their pace.
+11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
+   share of requests within both SLAs over a recent window drives a load factor the
+   sizing plans for (integral action, bounded, given back when comfortable).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from epp.planner.attainment import AttainmentControl
 from epp.planner.config import PlannerConfig
 from epp.planner.mode import Proposal, current
 from epp.planner.perf import Profile
@@ -127,9 +132,19 @@ class SlaMode:
         self._peak: dict[Role, tuple[float, float]] = {r: (-math.inf, 0.0) for r in self._roles}
         self._prev_arrivals: float | None = None
         self._rise = 0.0  # the last interval's rise in requests (0 when it fell)
-        margin = self._x.sla_margin
-        self._ttft_goal = config.sla.ttft * margin  # ms: what the sizing aims at
-        self._itl_goal = config.sla.itl * margin
+        x = self._x
+        self.attainment = (
+            AttainmentControl(
+                x.attainment_target,
+                x.attainment_window,
+                x.attainment_gain,
+                x.attainment_max_factor,
+            )
+            if x.attainment_target > 0
+            else None
+        )
+        self._ttft_goal = config.sla.ttft * x.sla_margin  # ms: what the sizing aims at
+        self._itl_goal = config.sla.itl * x.sla_margin
 
     # -- the step ---------------------------------------------------------------------
     def propose(self, now: float, obs: Observation) -> Proposal:
@@ -147,6 +162,10 @@ class SlaMode:
         if obs.idle and not self._x.idle_scale_down:
             return Proposal(have, "no traffic: skipping the interval (idle-scale-down off)")
         diag: dict[str, float] = {}
+        if self.attainment is not None:
+            starting = any(obs.replicas_of(r).starting for r in self._roles)
+            sla = self._cfg.sla
+            diag |= self.attainment.update(obs, sla.ttft, sla.itl, starting)
         if not self._cfg.sla.no_correction:
             self._correct(obs, diag)
         pred = self._forecast(diag)
@@ -207,7 +226,7 @@ class SlaMode:
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
             expected = self._profile.decode.itl(running / ready_d, ctx)
-            self.d_correction = _smooth(self.d_correction, itl_obs / expected)
+            self.d_correction = self._learn(self.d_correction, itl_obs / expected)
             diag["expected_itl_ms"] = expected
         if ready_p > 0 and not math.isnan(ttft_obs):
             samples = self._service_samples(obs.isl.mean, correction=1.0)
@@ -217,8 +236,18 @@ class SlaMode:
                 decode_load = found[0]
             expected = self._ttft_ms(ready_p, lam, samples, decode_load)
             if math.isfinite(expected) and expected > 0:
-                self.p_correction = _smooth(self.p_correction, ttft_obs / expected)
+                self.p_correction = self._learn(self.p_correction, ttft_obs / expected)
                 diag["expected_ttft_ms"] = expected
+
+    def _learn(self, old: float, measured: float) -> float:
+        """The smoothed factor; with `correction-fast-rise`, a measurement above it is
+        taken at once (clamped): the model was optimistic, the pool is short now, and
+        half a step leaves it short at the next, larger load (the asymmetry of scaling up
+        at once and down slowly, applied to what the sizing believes)."""
+        smoothed = _smooth(old, measured)
+        if self._x.correction_fast_rise and math.isfinite(measured):
+            return max(smoothed, min(CORRECTION_RANGE[1], measured))
+        return smoothed
 
     # -- 4. forecast ------------------------------------------------------------------
     def _forecast(self, diag: dict[str, float] | None = None) -> PredictedLoad:
@@ -247,7 +276,8 @@ class SlaMode:
     def _size(
         self, pred: PredictedLoad, diag: dict[str, float]
     ) -> tuple[dict[Role, int], dict[Role, float], list[str]]:
-        lam = pred.requests / self._interval
+        factor = self.attainment.factor if self.attainment else 1.0
+        lam = pred.requests * factor / self._interval
         notes: list[str] = []
         d_need, best_met, d_thpt = self._decode_load(lam, pred.isl, pred.osl, self.d_correction)
         diag |= {"decode_thpt_per_gpu": d_thpt, "decode_itl_met": float(best_met)}

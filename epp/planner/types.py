@@ -129,6 +129,10 @@ class Observation:
     `ttft_ms_samples` / `itl_ms_samples` are the completed requests' own values (the
     ones `ttft_ms` / `itl_ms` summarise), so a law whose percentile spans several
     intervals (llm-d's p90 over a 1-minute window, read every 15 s) can pool them.
+    `itl_ms_by_request` is aligned with `ttft_ms_samples` (NaN for a one-token answer,
+    which has no ITL), so a policy can count the requests that met *both* SLAs: the
+    share the SLA promises per request (`attainment.py`), which no percentile of either
+    quantity alone gives.
     """
 
     start: float
@@ -145,6 +149,7 @@ class Observation:
     isl_samples: tuple[int, ...] = ()
     ttft_ms_samples: tuple[float, ...] = ()
     itl_ms_samples: tuple[float, ...] = ()
+    itl_ms_by_request: tuple[float, ...] = ()
     roles: Mapping[Role, RoleLoad] = field(default_factory=dict)
     replicas: Mapping[Role, Replicas] = field(default_factory=dict)
     endpoints: tuple[EndpointLoad, ...] = ()

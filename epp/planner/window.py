@@ -67,6 +67,7 @@ class IntervalWindow:
         self._osl: list[float] = []
         self._ttft: list[float] = []
         self._itl: list[float] = []
+        self._itl_by_request: list[float] = []
         self._duration: list[float] = []
         self._cached: list[float] = []
         self._samples: dict[Role, list[PoolSample]] = {}
@@ -90,6 +91,7 @@ class IntervalWindow:
         self._ttft.append(rec.ttft_ms)
         if not math.isnan(rec.itl_ms):
             self._itl.append(rec.itl_ms)
+        self._itl_by_request.append(rec.itl_ms)
         self._duration.append(rec.duration_s)
         self._cached.append(rec.cached_tokens)
 
@@ -120,6 +122,7 @@ class IntervalWindow:
             isl_samples=tuple(self._isl_sample),
             ttft_ms_samples=tuple(self._ttft),
             itl_ms_samples=tuple(self._itl),
+            itl_ms_by_request=tuple(self._itl_by_request),
             roles={role: _role_load(samples) for role, samples in self._samples.items()},
             replicas=dict(replicas),
             endpoints=tuple(endpoints),

@@ -221,3 +221,11 @@ def test_static_pool_replay_is_unchanged_by_the_start_up_delay():
         for s in (0.0, 300.0)
     ]
     assert runs[0].served == runs[1].served and runs[0].lifetimes == runs[1].lifetimes
+
+
+def test_the_pareto_title_names_the_per_request_sla():
+    from epp.planner.outcome import Sla
+    from epp.planner.plots import pareto_title
+
+    title = pareto_title("azure x3", Sla(420, 16))
+    assert "per request TTFT <= 420 ms, ITL <= 16 ms" in title and "p90" not in title

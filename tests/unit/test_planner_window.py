@@ -60,3 +60,19 @@ def test_isl_sample_is_bounded_and_reproducible():
     a = run(1)
     assert len(a) == 8 and a == run(1)
     assert max(a) > 8  # later arrivals replace early ones: a sample, not a prefix
+
+
+def test_itl_by_request_is_aligned_with_ttft_so_both_slas_can_be_counted():
+    # a one-token answer has no ITL: itl_ms_samples skips it, itl_ms_by_request keeps its
+    # place (NaN) so request i's TTFT and ITL stay paired; a failed request is in neither
+    w = IntervalWindow(0.0)
+    w.complete(RequestRecord(1.0, 100, 10, 50.0, 12.0, 0.5))
+    w.complete(RequestRecord(2.0, 100, 1, 70.0, math.nan, 0.1))
+    w.complete(RequestRecord(3.0, 100, 10, 90.0, 20.0, 0.5))
+    w.complete(RequestRecord(4.0, 100, 10, math.nan, math.nan, 0.0, ok=False))
+    o = w.close(60.0, {})
+    assert o.ttft_ms_samples == (50.0, 70.0, 90.0)
+    assert o.itl_ms_samples == (12.0, 20.0)
+    assert o.itl_ms_by_request[0] == 12.0 and math.isnan(o.itl_ms_by_request[1])
+    assert o.itl_ms_by_request[2] == 20.0 and len(o.itl_ms_by_request) == 3
+    assert w.close(120.0, {}).itl_ms_by_request == ()  # the window restarted
