@@ -85,8 +85,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"simulated server of every replica (default {DEFAULT_PRESET})",
     )
-    r.add_argument("--ttft", type=float, metavar="MS", help="TTFT SLA, ms (p90)")
-    r.add_argument("--itl", type=float, metavar="MS", help="ITL SLA, ms (p90)")
+    r.add_argument(
+        "--ttft",
+        type=float,
+        metavar="MS",
+        help="TTFT SLA, ms: each request is judged on it, each interval on its p90",
+    )
+    r.add_argument(
+        "--itl",
+        type=float,
+        metavar="MS",
+        help="ITL SLA, ms: each request is judged on it, each interval on its p90",
+    )
     r.add_argument(
         "--sla-rule",
         choices=SLA_RULES,
