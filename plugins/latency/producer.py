@@ -87,7 +87,8 @@ class PredictedLatencyParams:
         "basic",
         choices=tuple(sorted(FEATURE_SETS)),
         doc="feature set (plugins/latency/features.py): basic = queue counts, KV use, "
-        "in-flight tokens; queue = + queueing and per-endpoint speed terms",
+        "in-flight tokens; queue = + queueing and per-endpoint speed terms; +age = + the "
+        "age of the oldest request awaiting its first byte",
     )
     fit_objective: str = param(
         "relative",

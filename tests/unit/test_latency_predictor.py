@@ -214,14 +214,14 @@ def test_queue_features_scale_the_wait_by_the_endpoint_history():
     e = replace(snap("a", queue=1, running=4, inflight_prefill_tokens=500), inflight_requests=7)
     x = QUEUE.ttft(e, 100, h, 0.0)
     # ahead = max(7 in flight − 4 slots, 1 scraped waiting) = 3; wait = 3 · 1500 / 4 = 1125
-    assert x[7] == pytest.approx(1125.0)
-    assert x[8] == pytest.approx((100 + 500) * 20.0 / 1000)  # prefill work × recent TPOT
-    assert x[9] == 200.0
+    assert x[6] == pytest.approx(1125.0)
+    assert x[7] == pytest.approx((100 + 500) * 20.0 / 1000)  # prefill work × recent TPOT
+    assert x[8] == 200.0
     h.retain({"b"})  # a left the pool: its own history goes, the pool's average stays
     assert h.get("a") is not None and h.get("a").slots == 4  # the pool-wide fallback
     h2 = EndpointHistory()
     assert h2.get("a") is None
-    assert QUEUE.ttft(e, 100, h2, 0.0)[7:] == (0.0, 0.0, 0.0)  # no history yet: terms off
+    assert QUEUE.ttft(e, 100, h2, 0.0)[6:] == (0.0, 0.0, 0.0)  # no history yet: terms off
 
 
 def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
@@ -247,14 +247,18 @@ def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
 
 
 def test_pending_age_is_the_oldest_waiting_request_age_at_the_pick():
-    from plugins.latency.features import BASIC, EndpointHistory, pending_age_ms
+    from plugins.latency.features import BASIC, FEATURE_SETS, EndpointHistory, pending_age_ms
 
     e = replace(snap("a"), oldest_pending_at=10.0)
     assert pending_age_ms(e, 10.25) == pytest.approx(250.0)
     assert pending_age_ms(e, 9.0) == 0.0  # a clock read before the stamp: never negative
     assert pending_age_ms(snap("a"), 10.25) == 0.0  # nothing waiting for a first byte
-    assert BASIC.ttft(e, 100, EndpointHistory(), 10.25)[-1] == pytest.approx(250.0)
-    assert BASIC.ttft_names[-1] == "pending_age_ms"
+    aged = FEATURE_SETS["basic+age"]
+    x = aged.ttft(e, 100, EndpointHistory(), 10.25)
+    assert x[:-1] == BASIC.ttft(e, 100, EndpointHistory(), 10.25) and x[-1] == 250.0
+    assert aged.ttft_names == (*BASIC.ttft_names, "pending_age_ms")
+    assert aged.tpot_names == BASIC.tpot_names
+    assert FEATURE_SETS["queue+age"].ttft(e, 100, EndpointHistory(), 10.25)[-1] == 250.0
 
 
 def test_learns_how_far_the_server_is_into_the_step_in_progress():
@@ -267,7 +271,8 @@ def test_learns_how_far_the_server_is_into_the_step_in_progress():
 
     clock = [0.0]
     spec = PLUGIN_TYPES.lookup("predicted-latency-producer")
-    p = spec.build("p", parse_params(spec.params, {}), Handle(clock=lambda: clock[0]))
+    params = parse_params(spec.params, {"features": "basic+age"})
+    p = spec.build("p", params, Handle(clock=lambda: clock[0]))
     rng = random.Random(4)
     for _ in range(300):
         prefill = rng.randrange(500, 2000)
