@@ -136,10 +136,13 @@ def epp_view(
     `now`) and its prompt as pending prefill until its `first_token`. (Before this, a
     long prompt's 300-600 ms prefill step vanished from the view the moment it started,
     and a chat routed behind it was predicted at ~20 ms: docs/BENCHMARKS.md "What limits
-    the predictor".) `pending[rid]` has the request's `isl` and `osl` as the EPP counts them."""
+    the predictor".) `pending[rid]` has the request's `isl` and `osl` as the EPP counts
+    them, and its `arrival` (when it was routed: the oldest pending one's is
+    `oldest_pending_at`)."""
     reqs = [0] * len(engines)
     prefill = [0] * len(engines)
     tokens = [0] * len(engines)
+    oldest: list[float | None] = [None] * len(engines)
     for i, eng in enumerate(engines):
         s = eng.scheduler
         live = [(r.rid, r.first_token_at) for r in (*s.waiting, *s.running, *s.transferring)]
@@ -151,6 +154,8 @@ def epp_view(
             if first is None or first > now:  # no first token yet: prefill pending
                 prefill[i] += p.isl
                 tokens[i] += p.isl
+                at = oldest[i]
+                oldest[i] = p.arrival if at is None else min(at, p.arrival)
     return [
         EndpointSnapshot(
             Endpoint(f"e{i}", "10.0.0.1", 8000 + i),
@@ -158,6 +163,7 @@ def epp_view(
             inflight_requests=reqs[i],
             inflight_tokens=tokens[i],
             inflight_prefill_tokens=prefill[i],
+            oldest_pending_at=oldest[i],
         )
         for i in range(len(engines))
     ]
@@ -220,7 +226,7 @@ def run_level(a: argparse.Namespace, rate: float, sets: list[str]) -> dict:
                 # As the producer's post_response: features of the snapshot at pick
                 # with the history as it is now, then this response joins the history.
                 h, e = lr.history, p.snap
-                tx, px = lr.features.ttft(e, p.isl, h), lr.features.tpot(e, h)
+                tx, px = lr.features.ttft(e, p.isl, h, p.arrival), lr.features.tpot(e, h)
                 lr.buffer.add(Sample(e.name, tx, px, ttft_ms, tpot_ms))
                 running = e.metrics.running_requests
                 h.observe(e.name, ttft_ms, tpot_ms, 1000 * f.duration_s, running)
@@ -249,7 +255,7 @@ def run_level(a: argparse.Namespace, rate: float, sets: list[str]) -> dict:
             snap = view[i]
             p = Pending(i, snap, isl, osl, now)
             for lr in learners.values():
-                tx = lr.features.ttft(snap, isl, lr.history)
+                tx = lr.features.ttft(snap, isl, lr.history, now)
                 px = lr.features.tpot(snap, lr.history)
                 pt, pp, learned = predict(lr.coef, lr.cold, snap.name, tx, px)
                 p.by_set[lr.name] = (tx, px, pt, pp, learned)

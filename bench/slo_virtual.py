@@ -19,7 +19,9 @@ Several `--seeds` give independent workloads; the table shows the median over th
     .venv/bin/python bench/slo_virtual.py [--rates 6,10] [--setups default,prefix,slo]
 
 Setup `slo-nopred` is `config/slo.yaml` without the predictor's plugins
-(`bench/slo_configs.py`): the anchor's "same stack without the predictor".
+(`bench/slo_configs.py`): the anchor's "same stack without the predictor". With it as
+`--baseline`, the run also prints the bound no router can pass: every request alone on an
+idle fast server (its own prefill), as the most the baseline's TTFT mean / p99 could fall.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ CONFIGS = {
 }
 ORACLE = "oracle"  # route by the true TTFT (needs --oracle): what a perfect predictor gives
 PROBE_RID = -1
+CLASSES = ("chat", "long")
 
 
 @dataclass
@@ -194,7 +197,12 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     ttfts = sorted(r[2] for r in measured)
     row["ttft_mean"] = statistics.fmean(ttfts)
     row["ttft_p99"] = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
-    for cls in ("chat", "long"):
+    # The floor no router can beat: each request alone on an idle fast server.
+    alone = {c: isolated_ttft(fast, a.chat_words if c == "chat" else a.long_words) for c in CLASSES}
+    floor = sorted(alone[c] for c, *_ in measured)
+    row["floor_ttft_mean"] = statistics.fmean(floor)
+    row["floor_ttft_p99"] = floor[min(len(floor) - 1, int(0.99 * len(floor)))]
+    for cls in CLASSES:
         rs = [(r, m) for r, m in zip(measured, ok, strict=True) if r[0] == cls]
         ttfts = sorted(r[2] for r, _ in rs)
         row[f"{cls}_attain"] = sum(m for _, m in rs) / max(1, len(rs))
@@ -205,6 +213,14 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     if ranks:
         row["ranking"] = ranking(ranks, len(engines))
     return row
+
+
+def isolated_ttft(config: SimConfig, isl: int) -> float:
+    """TTFT (ms) of an `isl`-token prompt on an idle server of `config`: its own prefill."""
+    eng = VirtualEngine(config)
+    eng.add(PROBE_RID, isl, 1, 0.0)
+    eng.advance_to(math.inf)
+    return 1000 * next(f for f in eng.drain_finished()).ttft_s
 
 
 def true_ttfts(engines: list[VirtualEngine], isl: int, at: float) -> list[float]:
@@ -372,6 +388,15 @@ def effects(a: argparse.Namespace, rows: list[dict], setups: list[str]) -> None:
                 f"{rate:g}: {change('ttft_mean'):+.0%} / {change('ttft_p99'):+.0%}, {points:+.1f}"
             )
         print(f"{setup}: " + "; ".join(cells))
+    # No router beats every request alone on an idle fast server: the most any setup
+    # could cut the baseline's TTFT mean / p99 (same workloads, median over seeds).
+    cells = []
+    for rate in (float(r) for r in a.rates.split(",")):
+        base = [r for r in rows if r["setup"] == a.baseline and r["rate"] == rate]
+        mean = statistics.median(r["floor_ttft_mean"] / r["ttft_mean"] - 1 for r in base)
+        p99 = statistics.median(r["floor_ttft_p99"] / r["ttft_p99"] - 1 for r in base)
+        cells.append(f"{rate:g}: {mean:+.0%} / {p99:+.0%}")
+    print("bound (every request alone on an idle fast server): " + "; ".join(cells))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ No I/O happens here: the datalayer fills it, the ext_proc side reads and counts.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,6 +71,12 @@ class EndpointSnapshot:
     inflight_tokens: int = 0
     # The prompt part alone: prefill work not yet done (llm-d's TTFT gate reads only this).
     inflight_prefill_tokens: int = 0
+    # When the oldest request routed here that has not had its first response byte yet
+    # was routed (the datastore's in-flight clock, `Datastore.inflight_clock`); None when
+    # every request here has had it. Its age tells how far the server is into the work
+    # queued ahead of a new request (a long prompt's prefill step half done leaves half
+    # its time to wait), which the token counts alone cannot (issue 10).
+    oldest_pending_at: float | None = None
     healthy: bool = True
     models: frozenset[str] | None = None
     # Being drained by the planner: never picked, its in-flight requests finish.
@@ -94,6 +102,10 @@ class _EndpointState:
     inflight_requests: int = 0
     inflight_prefill_tokens: int = 0
     inflight_decode_tokens: int = 0
+    # Requests still waiting for their first byte: ticket → routing time, oldest first
+    # (tickets are stamped in increasing time order, and an OrderedDict keeps the oldest
+    # at its head in O(1) when others leave from the middle).
+    awaiting_first: OrderedDict[int, float] = field(default_factory=OrderedDict)
     scrape_ok: bool = False
     last_error: str = ""
     models: frozenset[str] | None = None
@@ -137,12 +149,18 @@ class Datastore:
         staleness: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         require_metrics: bool = True,
+        inflight_clock: Callable[[], float] | None = None,
     ) -> None:
         self._states: dict[str, _EndpointState] = {}
         self._by_hostport: dict[str, str] = {}
         self.staleness = staleness
         self.clock = clock
         self.require_metrics = require_metrics
+        # Stamps `oldest_pending_at` (default: `clock`). The server passes the wall
+        # monotonic clock: a server keeps working while the EPP's loop stalls, so a pending
+        # request's age is real time, not the stall-corrected time staleness is judged in.
+        self.inflight_clock = inflight_clock or clock
+        self._tickets = itertools.count(1)
         self._listeners: list[_Listener] = []
         # Called after each metrics update, on the updating thread (the scraper's loop):
         # flow control retries dispatch when fresh metrics may show freed capacity.
@@ -293,29 +311,39 @@ class Datastore:
     # A request holds, from routing until its response ends: one request, its prompt
     # tokens until its first token arrives (prefill pending), and its expected output
     # tokens (decode). The ext_proc side reports both moments (epp/extproc/stream.py).
-    def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
-        """A request was routed to `name`."""
+    def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> int:
+        """A request was routed to `name`. Returns its ticket: pass it to `prefill_done`
+        and `release` so the request leaves the endpoint's awaiting-first-byte list (0
+        when `name` is not in the pool)."""
         s = self._states.get(name)
-        if s is not None:
-            s.inflight_requests += 1
-            s.inflight_prefill_tokens += prompt_tokens
-            s.inflight_decode_tokens += output_tokens
-            self._touch(s)
+        if s is None:
+            return 0
+        ticket = next(self._tickets)
+        s.inflight_requests += 1
+        s.inflight_prefill_tokens += prompt_tokens
+        s.inflight_decode_tokens += output_tokens
+        s.awaiting_first[ticket] = self.inflight_clock()
+        self._touch(s)
+        return ticket
 
-    def prefill_done(self, name: str, prompt_tokens: int) -> None:
+    def prefill_done(self, name: str, prompt_tokens: int, ticket: int = 0) -> None:
         """A request on `name` got its first token: its prompt is no longer pending work."""
         s = self._states.get(name)
         if s is not None:
             s.inflight_prefill_tokens = max(0, s.inflight_prefill_tokens - prompt_tokens)
+            s.awaiting_first.pop(ticket, None)
             self._touch(s)
 
-    def release(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+    def release(
+        self, name: str, prompt_tokens: int = 0, output_tokens: int = 0, ticket: int = 0
+    ) -> None:
         """A request on `name` ended; `prompt_tokens` is what `prefill_done` did not give back."""
         s = self._states.get(name)
         if s is not None:
             s.inflight_requests = max(0, s.inflight_requests - 1)
             s.inflight_prefill_tokens = max(0, s.inflight_prefill_tokens - prompt_tokens)
             s.inflight_decode_tokens = max(0, s.inflight_decode_tokens - output_tokens)
+            s.awaiting_first.pop(ticket, None)
             self._touch(s)
 
     def inflight(self, name: str) -> tuple[int, int]:
@@ -392,6 +420,7 @@ class Datastore:
             inflight_requests=s.inflight_requests,
             inflight_tokens=s.inflight_prefill_tokens + s.inflight_decode_tokens,
             inflight_prefill_tokens=s.inflight_prefill_tokens,
+            oldest_pending_at=next(iter(s.awaiting_first.values()), None),
             healthy=self._healthy(s, now),
             models=s.models,
             draining=s.draining,

@@ -54,6 +54,7 @@ class Hold:
     name: str
     prompt_tokens: int = 0
     output_tokens: int = 0
+    ticket: int = 0  # the datastore's, for its awaiting-first-byte list
 
 
 @dataclass(slots=True)
@@ -267,8 +268,7 @@ class Director:
         candidates = self.candidates(request, subset)
         chosen = candidates[self.rng.randrange(len(candidates))]
         decision = RoutingDecision(destinations=[chosen.hostport])
-        decision.held.append(Hold(chosen.name))
-        self.datastore.acquire(chosen.name)
+        decision.held.append(Hold(chosen.name, ticket=self.datastore.acquire(chosen.name)))
         return decision
 
     def _hold(
@@ -287,9 +287,9 @@ class Director:
             if isinstance(res, ProfileResult) and res.targets:
                 name = res.targets[0].name
                 hit = cached.cached_tokens(name) if cached is not None else 0
-                hold = Hold(name, max(0, prompt - hit), output)
-                decision.held.append(hold)
-                self.datastore.acquire(hold.name, hold.prompt_tokens, hold.output_tokens)
+                uncached = max(0, prompt - hit)
+                ticket = self.datastore.acquire(name, uncached, output)
+                decision.held.append(Hold(name, uncached, output, ticket))
 
     def first_token(self, decision: RoutingDecision) -> None:
         """The response's first token passed: its prompt tokens stop counting (once)."""
@@ -297,7 +297,7 @@ class Director:
             return
         decision.prefill_released = True
         for hold in decision.held:
-            self.datastore.prefill_done(hold.name, hold.prompt_tokens)
+            self.datastore.prefill_done(hold.name, hold.prompt_tokens, hold.ticket)
 
     def release(self, decision: RoutingDecision) -> None:
         """The request is over: give back everything it still holds (once)."""
@@ -309,7 +309,7 @@ class Director:
         prompt_done = decision.prefill_released
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens
-            self.datastore.release(hold.name, prompt, hold.output_tokens)
+            self.datastore.release(hold.name, prompt, hold.output_tokens, hold.ticket)
         if self.flow_control is not None:
             self.flow_control.capacity_freed()
 

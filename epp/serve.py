@@ -18,6 +18,7 @@ import os
 import random
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -158,6 +159,10 @@ class EppServer:
             staleness=options.metrics_staleness_threshold,
             clock=self.clock.now,
             require_metrics=options.scrape,
+            # The requests' own times (a pending request's age, read by the latency
+            # predictor against the plugins' `Handle.clock` and the response records)
+            # are real time: the servers keep working while this loop stalls.
+            inflight_clock=time.monotonic,
         )
         self.datastore.set_endpoints(options.endpoints)
         handle = self.config.handle

@@ -6,7 +6,8 @@ XGBoost / Bayesian-ridge sidecars over HTTP; this one fits a linear model in-pro
 (`plugins/latency/model.py`) and never blocks the request path on it:
 
 - produce (request path): features from the snapshot (waiting, running, KV use, the EPP's
-  in-flight requests / prefill / decode tokens) and the request (prompt tokens minus the
+  in-flight requests / prefill / decode tokens, the age of its oldest request still
+  waiting for a first byte) and the request (prompt tokens minus the
   cached part from the cycle's `PrefixMatchInfo` when a prefix producer runs first;
   expected output tokens are not a feature: TPOT is per token); a few multiplications each;
 - post_response (request loop, once per finished request): one `Sample` into a bounded
@@ -86,7 +87,8 @@ class PredictedLatencyParams:
         "basic",
         choices=tuple(sorted(FEATURE_SETS)),
         doc="feature set (plugins/latency/features.py): basic = queue counts, KV use, "
-        "in-flight tokens; queue = + queueing and per-endpoint speed terms",
+        "in-flight tokens; queue = + queueing and per-endpoint speed terms; +age = + the "
+        "age of the oldest request awaiting its first byte",
     )
     fit_objective: str = param(
         "relative",
@@ -109,6 +111,9 @@ class PredictedLatencyProducer(Plugin):
         self.history = EndpointHistory()
         self._relative = params.fit_objective == "relative"
         self._pool = handle.pool
+        # The pick's time for `pending_age_ms`, in the clock the server stamps in-flight
+        # requests and response records with (time.monotonic; virtual in benchmarks).
+        self._clock = handle.clock
         handle.on_pool_change(self._pool_changed)
         self.coefficients = Coefficients()
         self.cold = ColdStart(params.cold_prefill_tokens_per_second, params.cold_tpot_ms)
@@ -123,12 +128,12 @@ class PredictedLatencyProducer(Plugin):
         prefix = state.read(PREFIX_MATCH_KEY)
         prompt = request.prompt_tokens_estimate
         coef = self.coefficients  # one read: a concurrent swap cannot mix two fits
-        f, h = self.features, self.history
+        f, h, now = self.features, self.history, self._clock()
         out: dict[str, LatencyPrediction] = {}
         for e in endpoints:
             cached = prefix.cached_tokens(e.name) if isinstance(prefix, PrefixMatchInfo) else 0
             ttft, tpot, learned = predict(
-                coef, self.cold, e.name, f.ttft(e, max(0, prompt - cached), h), f.tpot(e, h)
+                coef, self.cold, e.name, f.ttft(e, max(0, prompt - cached), h, now), f.tpot(e, h)
             )
             out[e.name] = LatencyPrediction(ttft, tpot, learned)
         slo_ttft, slo_tpot = request_slo(
@@ -154,12 +159,14 @@ class PredictedLatencyProducer(Plugin):
         share = 1.0 - response.cached_tokens / response.isl if response.isl > 0 else 1.0
         uncached = round(prompt * min(1.0, max(0.0, share)))
         f, h = self.features, self.history
+        # The pick's time: the record's duration runs from routing to its end.
+        routed_at = response.finished_at - response.duration_s
         # The history as it is now, before this response joins it (what produce() used at
         # pick time differs only by the requests that finished meanwhile).
         self.buffer.add(
             Sample(
                 endpoint.name,
-                f.ttft(endpoint, uncached, h),
+                f.ttft(endpoint, uncached, h, routed_at),
                 f.tpot(endpoint, h),
                 response.ttft_ms,
                 response.itl_ms,

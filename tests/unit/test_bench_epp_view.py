@@ -33,7 +33,7 @@ def view_at(engine, pending, held, now):
 
 def test_a_running_prefill_step_stays_pending_until_its_first_token():
     engine = VirtualEngine(CONFIG)
-    pending = {0: SimpleNamespace(isl=1500, osl=2)}
+    pending = {0: SimpleNamespace(isl=1500, osl=2, arrival=0.0)}
     held = [[]]
     engine.add(0, 1500, 2, 0.0)
     snap, finished = view_at(engine, pending, held, 0.1)
@@ -43,12 +43,13 @@ def test_a_running_prefill_step_stays_pending_until_its_first_token():
     # ... but at 0.1 s the EPP still holds its 1,500 prompt tokens as pending prefill
     assert (snap.inflight_requests, snap.inflight_prefill_tokens) == (1, 1500)
     assert snap.inflight_tokens == 1500 + 2  # prompt pending + expected output
+    assert snap.oldest_pending_at == 0.0  # routed at 0, no first byte yet
     assert finished == []
 
 
 def test_a_response_finished_ahead_of_now_stays_in_flight_until_its_end():
     engine = VirtualEngine(CONFIG)
-    pending = {0: SimpleNamespace(isl=1500, osl=2)}
+    pending = {0: SimpleNamespace(isl=1500, osl=2, arrival=0.0)}
     held = [[]]
     engine.add(0, 1500, 2, 0.0)
     # 0.305 s: the decode step 0.30-0.31 s has started, so the engine has finished the
@@ -56,6 +57,7 @@ def test_a_response_finished_ahead_of_now_stays_in_flight_until_its_end():
     snap, finished = view_at(engine, pending, held, 0.305)
     assert finished == []
     assert [f.rid for f in held[0]] == [0]
+    assert snap.oldest_pending_at is None  # its first byte came at 0.3 s
     assert (snap.inflight_requests, snap.inflight_prefill_tokens, snap.inflight_tokens) == (
         1,
         0,

@@ -141,3 +141,58 @@ def test_incremental_snapshot_equals_a_full_rebuild_after_any_sequence():
             now[0] += rng.choice((0.01, 0.5, 1.5, 2.5))  # some steps make views stale
         full._view = None  # force the from-scratch build
         assert fast.snapshot() == full.snapshot(), f"step {step}"
+
+
+def test_oldest_pending_is_the_oldest_request_without_its_first_byte():
+    """`oldest_pending_at` follows the requests in any order of first bytes and ends, and
+    is stamped with the in-flight clock (the server's real time), not the health clock."""
+    now, real = [0.0], [100.0]
+    ds = Datastore(require_metrics=False, clock=lambda: now[0], inflight_clock=lambda: real[0])
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80), Endpoint("b", "10.0.0.2", 80)])
+    assert [s.oldest_pending_at for s in ds.snapshot()] == [None, None]
+    t1 = ds.acquire("a", 1500, 32)
+    real[0] = 100.2
+    t2 = ds.acquire("a", 40, 16)
+    real[0] = 100.3
+    t3 = ds.acquire("a", 40, 16)
+    assert len({t1, t2, t3}) == 3 and 0 not in (t1, t2, t3)
+    assert ds.snapshot()[0].oldest_pending_at == 100.0
+    assert ds.snapshot()[1].oldest_pending_at is None  # b has nothing in flight
+    ds.prefill_done("a", 40, t2)  # a younger one's first byte: the oldest is unchanged
+    assert ds.snapshot()[0].oldest_pending_at == 100.0
+    ds.prefill_done("a", 1500, t1)  # the oldest's first byte: t3 is now the oldest
+    assert ds.snapshot()[0].oldest_pending_at == 100.3
+    ds.release("a", 0, 32, t1)  # ending after its first byte changes nothing
+    assert ds.snapshot()[0].oldest_pending_at == 100.3
+    ds.release("a", 40, 16, t3)  # ended without a first byte (client gone)
+    (a, _) = ds.snapshot()
+    assert a.oldest_pending_at is None
+    assert (a.inflight_requests, a.inflight_prefill_tokens) == (1, 0)
+    assert ds.acquire("gone") == 0  # not in the pool: no ticket, nothing counted
+
+
+def test_director_releases_the_pending_age_at_the_first_token_and_at_the_end():
+    """A routed request is pending on its pick until the response's first token; a
+    request that ends without one (reset, client gone) leaves at the end."""
+    import random
+
+    from epp.config.loader import load_default_config
+    from epp.director import Director
+    from epp.scheduling.registry import Handle
+    from tests.helpers import completion
+
+    real = [5.0]
+    ds = Datastore(require_metrics=False, inflight_clock=lambda: real[0])
+    ds.set_endpoints([Endpoint("a", "10.0.0.1", 80)])
+    cfg = load_default_config(Handle(rng=random.Random(0)))
+    d = Director(ds, cfg.scheduler, cfg.pre_request)
+    first = d.route(completion("x" * 400), None)
+    real[0] = 6.0
+    second = d.route(completion("y" * 400), None)
+    assert ds.snapshot()[0].oldest_pending_at == 5.0
+    d.first_token(first)
+    assert ds.snapshot()[0].oldest_pending_at == 6.0
+    d.release(first)
+    d.release(second)  # no first token: it leaves at its end
+    (a,) = ds.snapshot()
+    assert a.oldest_pending_at is None and a.inflight_requests == 0

@@ -212,7 +212,7 @@ def test_queue_features_scale_the_wait_by_the_endpoint_history():
     assert r is not None
     assert (r.ttft_ms, r.tpot_ms, r.duration_ms, r.slots) == (200.0, 20.0, 1500.0, 4)
     e = replace(snap("a", queue=1, running=4, inflight_prefill_tokens=500), inflight_requests=7)
-    x = QUEUE.ttft(e, 100, h)
+    x = QUEUE.ttft(e, 100, h, 0.0)
     # ahead = max(7 in flight − 4 slots, 1 scraped waiting) = 3; wait = 3 · 1500 / 4 = 1125
     assert x[6] == pytest.approx(1125.0)
     assert x[7] == pytest.approx((100 + 500) * 20.0 / 1000)  # prefill work × recent TPOT
@@ -221,7 +221,7 @@ def test_queue_features_scale_the_wait_by_the_endpoint_history():
     assert h.get("a") is not None and h.get("a").slots == 4  # the pool-wide fallback
     h2 = EndpointHistory()
     assert h2.get("a") is None
-    assert QUEUE.ttft(e, 100, h2)[6:] == (0.0, 0.0, 0.0)  # no history yet: terms off
+    assert QUEUE.ttft(e, 100, h2, 0.0)[6:] == (0.0, 0.0, 0.0)  # no history yet: terms off
 
 
 def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
@@ -244,3 +244,52 @@ def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
     for fn in listeners:
         fn()
     assert p.history._by.keys() == {"a"}
+
+
+def test_pending_age_is_the_oldest_waiting_request_age_at_the_pick():
+    from plugins.latency.features import BASIC, FEATURE_SETS, EndpointHistory, pending_age_ms
+
+    e = replace(snap("a"), oldest_pending_at=10.0)
+    assert pending_age_ms(e, 10.25) == pytest.approx(250.0)
+    assert pending_age_ms(e, 9.0) == 0.0  # a clock read before the stamp: never negative
+    assert pending_age_ms(snap("a"), 10.25) == 0.0  # nothing waiting for a first byte
+    aged = FEATURE_SETS["basic+age"]
+    x = aged.ttft(e, 100, EndpointHistory(), 10.25)
+    assert x[:-1] == BASIC.ttft(e, 100, EndpointHistory(), 10.25) and x[-1] == 250.0
+    assert aged.ttft_names == (*BASIC.ttft_names, "pending_age_ms")
+    assert aged.tpot_names == BASIC.tpot_names
+    assert FEATURE_SETS["queue+age"].ttft(e, 100, EndpointHistory(), 10.25)[-1] == 250.0
+
+
+def test_learns_how_far_the_server_is_into_the_step_in_progress():
+    """The law of a chat behind a long prefill step: TTFT = 5 + 0.2 · pending prefill
+    tokens − 0.9 · age of the oldest pending request (the step's elapsed part). Token
+    counts alone cannot tell a step that just started from one about to end; with the
+    age learned (from the record's routing time), the two are told apart."""
+    from epp.scheduling.params import parse_params
+    from epp.scheduling.registry import PLUGIN_TYPES, Handle
+
+    clock = [0.0]
+    spec = PLUGIN_TYPES.lookup("predicted-latency-producer")
+    params = parse_params(spec.params, {"features": "basic+age"})
+    p = spec.build("p", params, Handle(clock=lambda: clock[0]))
+    rng = random.Random(4)
+    for _ in range(300):
+        prefill = rng.randrange(500, 2000)
+        age_ms = rng.uniform(0.0, 0.8 * 0.2 * prefill)  # the step is at most 80 % done
+        routed = rng.uniform(100.0, 200.0)  # the pick's time on the server's clock
+        e = replace(
+            snap("a", inflight_prefill_tokens=prefill), oldest_pending_at=routed - age_ms / 1000
+        )
+        ttft = 5.0 + 0.2 * prefill - 0.9 * age_ms
+        duration = ttft / 1000 + 0.5
+        rec = RequestRecord(routed + duration, 10, 16, ttft, 10.0, duration, endpoint="a")
+        p.post_response(completion("x" * 40), rec, e)
+    p.refit()
+    clock[0] = 50.0
+    just_started = replace(snap("a", inflight_prefill_tokens=1500), oldest_pending_at=50.0)
+    nearly_done = replace(just_started, oldest_pending_at=50.0 - 0.25)  # 250 ms in
+    info = produce(p, [just_started], completion("x" * 40))
+    assert info.predictions["a"].ttft_ms == pytest.approx(305.0, rel=1e-2)  # 5 + 300
+    info = produce(p, [nearly_done], completion("x" * 40))
+    assert info.predictions["a"].ttft_ms == pytest.approx(80.0, rel=1e-2)  # 305 − 225
