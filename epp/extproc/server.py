@@ -187,7 +187,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                         deadline.cancel()
                         await self._observe(msg, messages)
                         break
-                for resp in await stream.handle_async(msg):
+                if stream.needs_async(msg):
+                    responses = await stream.handle_async(msg)
+                else:  # the common case: no coroutine per message
+                    responses = stream.handle(msg)
+                for resp in responses:
                     yield resp
                 if self.routes is not None and self._sweep_timer is None and len(self.routes):
                     self._arm_sweep(self.routes.join_timeout)
