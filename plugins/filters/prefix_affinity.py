@@ -65,6 +65,7 @@ the response path releases it at the first token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
@@ -172,8 +173,11 @@ class PrefixCacheAffinityFilter(Plugin):
             return endpoints
         if self.max_penalty_ms > 0 and other:
             prompt = request.prompt_tokens_estimate if self.include_request else 0
-            best_sticky = self.best_ttft_ms(info, prompt, sticky)
-            best_other = self.best_ttft_ms(info, prompt, other)
+            # The uncached-prompt lookup built once for both groups (issue 13 §6).
+            get = uncached_by_name(info, prompt).get if prompt else {}.get
+            whole = max(0, prompt)
+            best_sticky = self._min_load(get, whole, sticky) / self.peak * 1000.0
+            best_other = self._min_load(get, whole, other) / self.peak * 1000.0
             if best_sticky - best_other > self.penalty_ms(info, sticky):
                 return endpoints
         return sticky
@@ -197,8 +201,14 @@ class PrefixCacheAffinityFilter(Plugin):
         # One pass of plain attribute reads (`load_tokens` inlined), and the minimum taken
         # on tokens: x / peak * 1000 is monotonic, so the least load is the least TTFT,
         # bit for bit (issue 13 §6: 1,000 candidates per request).
-        whole = max(0, prompt)
         get = uncached_by_name(info, prompt).get if prompt else {}.get
+        return self._min_load(get, max(0, prompt), endpoints) / self.peak * 1000.0
+
+    def _min_load(
+        self, get: Callable[[str, int], int], whole: int, endpoints: list[EndpointSnapshot]
+    ) -> int:
+        """The least load tokens among `endpoints`, each with its uncached prompt
+        (`get(name, whole)`)."""
         if self.live:
             q = self.queued_tokens
             loads = [
@@ -209,4 +219,4 @@ class PrefixCacheAffinityFilter(Plugin):
             ]
         else:
             loads = [e.inflight_prefill_tokens + get(e.endpoint.name, whole) for e in endpoints]
-        return min(loads) / self.peak * 1000.0
+        return min(loads)
