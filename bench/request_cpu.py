@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from envoy.config.core.v3 import base_pb2
@@ -128,15 +129,17 @@ def measure(
     return {"endpoints": n, "cpu_us_per_request": statistics.median(per_batch) * 1e6}
 
 
-def measure_servicer(n: int, requests: int, batches: int) -> dict[str, float]:
-    """`measure` through `ExtProcServicer.Process`: 16 concurrent streams, each fed the
-    two messages with a loop turn before each, as gRPC's receiver would."""
+def servicer_runner(n: int) -> Callable[[int], None]:
+    """`run(count)`: `count` requests through `ExtProcServicer.Process`, 16 concurrent
+    streams on one loop (kept across calls), each fed the two messages with a loop turn
+    before each, as gRPC's receiver would."""
     import asyncio
 
     from epp.extproc.server import ExtProcServicer
 
     servicer = ExtProcServicer(build(n))
     raw = messages()
+    loop = asyncio.new_event_loop()
 
     async def feed():
         for data in raw:
@@ -154,16 +157,18 @@ def measure_servicer(n: int, requests: int, batches: int) -> dict[str, float]:
 
         await asyncio.gather(*(worker() for _ in range(16)))
 
-    async def main() -> list[float]:
-        per_batch = []
-        for b in range(batches + 1):
-            c0 = time.thread_time()
-            await run(requests // batches)
-            if b:
-                per_batch.append((time.thread_time() - c0) / (requests // batches))
-        return per_batch
+    return lambda count: loop.run_until_complete(run(count))
 
-    per_batch = asyncio.run(main())
+
+def measure_servicer(n: int, requests: int, batches: int) -> dict[str, float]:
+    """`measure` through `ExtProcServicer.Process` (`servicer_runner`)."""
+    run = servicer_runner(n)
+    per_batch = []
+    for b in range(batches + 1):
+        c0 = time.thread_time()
+        run(requests // batches)
+        if b:  # the first batch warms up
+            per_batch.append((time.thread_time() - c0) / (requests // batches))
     return {"endpoints": n, "cpu_us_per_request": statistics.median(per_batch) * 1e6}
 
 
@@ -192,10 +197,7 @@ def callgrind_child(args: argparse.Namespace) -> None:
     toggle = ["callgrind_control", "-i", "on", str(os.getpid())]
     dump = ["callgrind_control", "-d", str(os.getpid())]
     if args.servicer:
-        measure_servicer(args.endpoints, 300, 1)  # warm-up
-        subprocess.run(toggle, check=True, capture_output=True)
-        time.sleep(0.5)  # callgrind polls for the command
-        measure_servicer(args.endpoints, args.requests, 1)
+        run = servicer_runner(args.endpoints)
     else:
         director, raw = build(args.endpoints), messages()
 
@@ -206,10 +208,10 @@ def callgrind_child(args: argparse.Namespace) -> None:
                     stream.handle(pb.ProcessingRequest.FromString(data))
                 stream.close()
 
-        run(300)
-        subprocess.run(toggle, check=True, capture_output=True)
-        time.sleep(0.5)
-        run(args.requests)
+    run(300)  # warm-up
+    subprocess.run(toggle, check=True, capture_output=True)
+    time.sleep(0.5)  # callgrind polls for the command
+    run(args.requests)
     subprocess.run(dump, check=True, capture_output=True)
 
 
