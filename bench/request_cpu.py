@@ -11,6 +11,15 @@ CPU time of this thread (`thread_time`), so a shared machine's other jobs do not
 it; the figure is the median over `--batches` batches of the mean per request. With
 `--baseline CHECKOUT` the script runs in subprocesses, alternately with this checkout's
 `epp` and CHECKOUT's, `--rounds` times each (medians).
+
+`--instructions` counts instructions instead (valgrind's callgrind, instrumentation on only
+around the measured requests, after a warm-up): the same on a saturated machine as on an
+idle one, so old and new compare to a fraction of a percent where CPU time swings ±20 %.
+`--servicer` drives `ExtProcServicer.Process` instead of `RequestStream`: 16 concurrent
+streams on one asyncio loop, the servicer's loop, body deadline and message dispatch
+included (what the gRPC layer adds on top, the same for the minimal servicer, is not).
+
+    .venv/bin/python bench/request_cpu.py --instructions --baseline /tmp/main [--servicer]
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from envoy.config.core.v3 import base_pb2
@@ -118,13 +129,102 @@ def measure(
     return {"endpoints": n, "cpu_us_per_request": statistics.median(per_batch) * 1e6}
 
 
+def servicer_runner(n: int) -> Callable[[int], None]:
+    """`run(count)`: `count` requests through `ExtProcServicer.Process`, 16 concurrent
+    streams on one loop (kept across calls), each fed the two messages with a loop turn
+    before each, as gRPC's receiver would."""
+    import asyncio
+
+    from epp.extproc.server import ExtProcServicer
+
+    servicer = ExtProcServicer(build(n))
+    raw = messages()
+    loop = asyncio.new_event_loop()
+
+    async def feed():
+        for data in raw:
+            await asyncio.sleep(0)
+            yield pb.ProcessingRequest.FromString(data)
+
+    async def run(count: int) -> None:
+        left = [count]
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                async for _ in servicer.Process(feed(), None):
+                    pass
+
+        await asyncio.gather(*(worker() for _ in range(16)))
+
+    return lambda count: loop.run_until_complete(run(count))
+
+
+def measure_servicer(n: int, requests: int, batches: int) -> dict[str, float]:
+    """`measure` through `ExtProcServicer.Process` (`servicer_runner`)."""
+    run = servicer_runner(n)
+    per_batch = []
+    for b in range(batches + 1):
+        c0 = time.thread_time()
+        run(requests // batches)
+        if b:  # the first batch warms up
+            per_batch.append((time.thread_time() - c0) / (requests // batches))
+    return {"endpoints": n, "cpu_us_per_request": statistics.median(per_batch) * 1e6}
+
+
+def instructions(checkout: Path | None, args: argparse.Namespace) -> float:
+    """Instructions per request of `checkout`'s code (None: this one) under callgrind:
+    warm up, switch instrumentation on (`callgrind_control`), run `--requests`, dump."""
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        argv = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={out}", sys.executable, str(Path(__file__).resolve()),
+            "--_callgrind-child", "--endpoints", str(args.endpoints),
+            "--requests", str(args.requests), *(["--servicer"] if args.servicer else []),
+        ]  # fmt: skip
+        subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True)
+        [dump] = [p for p in Path(tmp).iterdir() if p.name != out.name]  # the -d dump
+        summary = next(ln for ln in dump.read_text().splitlines() if ln.startswith("summary:"))
+    return int(summary.split()[1]) / args.requests
+
+
+def callgrind_child(args: argparse.Namespace) -> None:
+    """Inside valgrind: the same work as `measure`, instrumented around the measured part."""
+    toggle = ["callgrind_control", "-i", "on", str(os.getpid())]
+    dump = ["callgrind_control", "-d", str(os.getpid())]
+    if args.servicer:
+        run = servicer_runner(args.endpoints)
+    else:
+        director, raw = build(args.endpoints), messages()
+
+        def run(count: int) -> None:
+            for _ in range(count):
+                stream = RequestStream(director, 32 << 20)
+                for data in raw:
+                    stream.handle(pb.ProcessingRequest.FromString(data))
+                stream.close()
+
+    run(300)  # warm-up
+    subprocess.run(toggle, check=True, capture_output=True)
+    time.sleep(0.5)  # callgrind polls for the command
+    run(args.requests)
+    subprocess.run(dump, check=True, capture_output=True)
+
+
 def child(checkout: Path | None, args: argparse.Namespace) -> float:
+    if args.instructions:
+        return instructions(checkout, args)
     env = dict(os.environ)
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout)
     argv = [
         sys.executable, str(Path(__file__).resolve()), "--json", "--endpoints",
         str(args.endpoints), "--requests", str(args.requests), "--batches", str(args.batches),
+        *(["--servicer"] if args.servicer else []),
     ]  # fmt: skip
     out = subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["cpu_us_per_request"]
@@ -138,6 +238,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--baseline", type=Path, metavar="CHECKOUT")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--instructions", action="store_true", help="count instructions (callgrind)")
+    ap.add_argument("--servicer", action="store_true", help="drive ExtProcServicer.Process")
+    ap.add_argument(
+        "--_callgrind-child", dest="callgrind_child", action="store_true", help=argparse.SUPPRESS
+    )
     ap.add_argument("--config", type=Path, help="an EndpointPickerConfig instead of the default")
     ap.add_argument(
         "--header", action="append", default=[], help="NAME:VALUE added to every request"
@@ -151,8 +256,20 @@ def main() -> None:
         extra[name.strip().lower()] = value.strip()
     if args.config is not None and args.baseline is not None:
         ap.error("--config applies to this checkout only; run it without --baseline")
+    if (args.instructions or args.servicer) and (args.config is not None or extra):
+        ap.error("--instructions and --servicer measure the default config only")
+    if args.callgrind_child:
+        callgrind_child(args)
+        return
+    unit = "instructions" if args.instructions else "µs CPU"
     if args.baseline is None:
-        r = measure(args.endpoints, args.requests, args.batches, args.config, extra)
+        if args.instructions:
+            print(f"{instructions(None, args):,.0f} instructions per request")
+            return
+        if args.servicer:
+            r = measure_servicer(args.endpoints, args.requests, args.batches)
+        else:
+            r = measure(args.endpoints, args.requests, args.batches, args.config, extra)
         print(json.dumps(r) if args.json else f"{r['cpu_us_per_request']:.1f} µs CPU per request")
         return
     got: dict[str, list[float]] = {"before": [], "after": []}
@@ -162,8 +279,8 @@ def main() -> None:
             got[label].append(child(checkout, args))
     before, after = (statistics.median(got[k]) for k in ("before", "after"))
     print(f"{args.endpoints} endpoints, medians of {args.rounds} rounds:")
-    print(f"before ({args.baseline}): {before:.1f} µs CPU per request  {got['before']}")
-    print(f"after (this checkout): {after:.1f} µs CPU per request  {got['after']}")
+    print(f"before ({args.baseline}): {before:,.1f} {unit} per request  {got['before']}")
+    print(f"after (this checkout): {after:,.1f} {unit} per request  {got['after']}")
     print(f"after / before: {after / before:.2f}")
 
 

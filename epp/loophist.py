@@ -65,6 +65,10 @@ class LoopHistogram(Collector):
         self.labelnames = tuple(labelnames)
         self._bounds = bounds
         self._children: dict[tuple[str, ...], _Child] = {}
+        # Without labels the one child exists from the start (zero counts exported before
+        # any observation, as prometheus_client's histograms do) and `observe` goes to it
+        # directly: no `labels()` call per observation.
+        self._unlabelled = None if self.labelnames else self.labels()
         if registry is not None:
             registry.register(self)
 
@@ -86,9 +90,10 @@ class LoopHistogram(Collector):
         return child
 
     def observe(self, amount: float) -> None:
-        if self.labelnames:
+        child = self._unlabelled
+        if child is None:
             raise ValueError(f"{self.name} has labels {self.labelnames}: use labels(...)")
-        self.labels().observe(amount)
+        child.observe(amount)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)

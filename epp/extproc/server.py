@@ -85,11 +85,29 @@ class _BodyDeadline:
         self._cancelling = 0
 
     async def within(self, wait: Awaitable[T]) -> T:
-        if self._expired or self._loop.time() >= self._at:
-            self._expired = True
+        try:
+            self.begin()
+        except TimeoutError:
             close = getattr(wait, "close", None)
             if close is not None:
                 close()  # never awaited: no "coroutine was never awaited" warning
+            raise
+        try:
+            return await wait
+        except asyncio.CancelledError:
+            if self.fired():
+                raise TimeoutError from None
+            raise
+        finally:
+            self.end()
+
+    # `within` in three calls, for the servicer's loop to inline (no coroutine per
+    # message): begin() before the wait, fired() on CancelledError (True: the timer's,
+    # raise TimeoutError), end() after it however it went.
+    def begin(self) -> None:
+        """Start a wait; raises TimeoutError if the deadline has passed."""
+        if self._expired or self._loop.time() >= self._at:
+            self._expired = True
             raise TimeoutError
         if self._handle is None:
             self._task = asyncio.current_task()
@@ -97,17 +115,15 @@ class _BodyDeadline:
         if self._task is not None:
             self._cancelling = self._task.cancelling()
         self._waiting = True
-        try:
-            return await wait
-        except asyncio.CancelledError:
-            task = self._task
-            # Ours only if the timer fired and nobody else also cancelled the task
-            # (asyncio.Timeout's own test).
-            if self._expired and task is not None and task.uncancel() <= self._cancelling:
-                raise TimeoutError from None
-            raise
-        finally:
-            self._waiting = False
+
+    def fired(self) -> bool:
+        """The wait was cancelled by this deadline (and nobody else also cancelled the
+        task: asyncio.Timeout's own test)."""
+        task = self._task
+        return self._expired and task is not None and task.uncancel() <= self._cancelling
+
+    def end(self) -> None:
+        self._waiting = False
 
     def _fire(self) -> None:
         self._handle = None
@@ -170,8 +186,16 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         try:
             while True:
                 try:
-                    if stream.phase in _UNROUTED:
-                        msg = await deadline.within(anext(messages))
+                    if stream.phase in _UNROUTED:  # deadline.within, inlined
+                        deadline.begin()
+                        try:
+                            msg = await anext(messages)
+                        except asyncio.CancelledError:
+                            if deadline.fired():
+                                raise TimeoutError from None
+                            raise
+                        finally:
+                            deadline.end()
                     else:
                         deadline.cancel()
                         msg = await anext(messages)
@@ -187,7 +211,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                         deadline.cancel()
                         await self._observe(msg, messages)
                         break
-                for resp in await stream.handle_async(msg):
+                if stream.needs_async(msg):
+                    responses = await stream.handle_async(msg)
+                else:  # the common case: no coroutine per message
+                    responses = stream.handle(msg)
+                for resp in responses:
                     yield resp
                 if self.routes is not None and self._sweep_timer is None and len(self.routes):
                     self._arm_sweep(self.routes.join_timeout)

@@ -181,6 +181,29 @@ class RequestStream:
         log.warning("ignoring ext_proc message of unknown kind %r", kind)
         return []
 
+    def needs_async(self, msg: pb.ProcessingRequest) -> bool:
+        """Whether `handle_async(msg)` could do more than `handle(msg)`: scale from zero
+        or flow control is on, or `msg` completes a body large enough for a worker
+        thread. False for almost every message, so the servicer calls `handle` without
+        a coroutine per message (issue 13 §6); True only means "take `handle_async`"."""
+        director = self.director
+        if director.cold_start is not None or director.flow_control is not None:
+            return True
+        if self.phase is not Phase.GATHER_BODY:
+            return False
+        kind = msg.WhichOneof("request")
+        if kind == "request_body":
+            body = msg.request_body
+            if not body.end_of_stream:
+                return False
+            size = self._size + len(body.body)
+        elif kind == "request_trailers":
+            size = self._size
+        else:
+            return False
+        low = PREPARE_OFF_LOOP_BYTES if director.prepares else PARSE_OFF_LOOP_BYTES
+        return size > low
+
     async def handle_async(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         """`handle`, with a large body parsed in a worker thread, and a request that
         finds an empty pool held while it scales from zero (`Director.await_capacity`)."""

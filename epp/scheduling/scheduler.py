@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
 from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, internal_error, plugin_failed, unavailable
@@ -14,7 +12,7 @@ from epp.scheduling.interfaces import DataProducer, Preparer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 
-T = TypeVar("T")
+_perf = time.perf_counter
 
 # A handler that keeps asking for profiles is a bug; stop it rather than spin.
 _MAX_ROUNDS = 16
@@ -57,7 +55,7 @@ class Scheduler:
     ) -> SchedulingResult:
         """Pick endpoints for `request`; raises EppError(503) when no profile finds one.
         `state`: the one `prepare` returned for this request, if it ran."""
-        t0 = time.perf_counter()
+        t0 = _perf()
         try:
             if not candidates:
                 raise unavailable("no candidate endpoints for this request")
@@ -65,43 +63,44 @@ class Scheduler:
                 state = CycleState()
             self._produce(state, request, candidates)
             results: dict[str, ProfileResult | None] = {}
+            handler, profiles = self.handler, self.profiles
             for _ in range(_MAX_ROUNDS):
-                t = time.perf_counter()
-                to_run = self._handler_call(
-                    self.handler.pick_profiles, state, request, self.profiles, results
-                )
-                self._pick_timer.observe(time.perf_counter() - t)
+                t = _perf()
+                try:
+                    to_run = handler.pick_profiles(state, request, profiles, results)
+                except EppError:
+                    raise
+                except Exception as e:
+                    raise plugin_failed(handler, type(e).__name__) from e
+                self._pick_timer.observe(_perf() - t)
                 if not to_run:
                     break
                 for name, profile in to_run.items():
                     results[name] = profile.run(state, request, candidates)
             else:
                 raise internal_error(f"profile handler {self.handler!r} never finished")
-            t = time.perf_counter()
-            result = self._handler_call(self.handler.process_results, state, request, results)
-            self._results_timer.observe(time.perf_counter() - t)
+            t = _perf()
+            try:
+                result = handler.process_results(state, request, results)
+            except EppError:
+                raise
+            except Exception as e:
+                raise plugin_failed(handler, type(e).__name__) from e
+            self._results_timer.observe(_perf() - t)
             result.cycle_state = state
             return result
         finally:
-            SCHEDULER_E2E.observe(time.perf_counter() - t0)
+            SCHEDULER_E2E.observe(_perf() - t0)
 
     def _produce(
         self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]
     ) -> None:
         for producer, timer in zip(self.producers, self._producer_timers, strict=True):
-            t = time.perf_counter()
+            t = _perf()
             try:
                 state.write(producer.produces, producer.produce(state, request, candidates))
             except EppError:
                 raise
             except Exception as e:
                 raise plugin_failed(producer, type(e).__name__) from e
-            timer.observe(time.perf_counter() - t)
-
-    def _handler_call(self, method: Callable[..., T], *args: object) -> T:
-        try:
-            return method(*args)
-        except EppError:
-            raise
-        except Exception as e:
-            raise plugin_failed(self.handler, type(e).__name__) from e
+            timer.observe(_perf() - t)

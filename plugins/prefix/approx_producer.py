@@ -122,6 +122,7 @@ class ApproxPrefixCacheProducer(Plugin):
         self.handle = handle
         self.tokenizer = load_tokenizer_param(params.tokenizer)
         self.index = ApproxPrefixIndex(params.lru_capacity_per_server)
+        self._published_size = -1  # the index size last set on INDEXER_SIZE
         self._pool_watch = PoolWatch(handle, self.prune)
 
     # ---- DataProducer -----------------------------------------------------
@@ -208,7 +209,7 @@ class ApproxPrefixCacheProducer(Plugin):
             return
         for snap in targets:
             self.index.add(snap.name, hashes, self._capacity(snap))
-        metrics.INDEXER_SIZE.set(self.index.size)
+        self._publish_size()
         # Upstream records the primary target's match (GIE plugin.go PreRequest).
         matched = info.cached_blocks.get(targets[0].name, 0)
         metrics.HIT_RATIO.observe(matched / info.total_blocks)
@@ -231,4 +232,12 @@ class ApproxPrefixCacheProducer(Plugin):
         gone = self.index.retain(e.name for e in self.handle.pool())
         if gone:
             log.debug("prefix index: dropped endpoints no longer in the pool: %s", gone)
-            metrics.INDEXER_SIZE.set(self.index.size)
+            self._publish_size()
+
+    def _publish_size(self) -> None:
+        """INDEXER_SIZE := the index size, set only when it changed: once full, the
+        index's size stays put and a gauge set (a lock) per request is wasted."""
+        size = self.index.size
+        if size != self._published_size:
+            self._published_size = size
+            metrics.INDEXER_SIZE.set(size)

@@ -39,6 +39,18 @@ def test_exposition_equals_prometheus_client_histogram() -> None:
     assert 'e_seconds_bucket{le="+Inf"} 8.0' in want
 
 
+def test_unlabelled_is_exported_before_any_observation() -> None:
+    """As prometheus_client's: an unlabelled histogram shows zero counts from the start
+    (the prefix indexer's hit histograms are LoopHistograms; a scrape before the first
+    request must read the same)."""
+    ref, ours = CollectorRegistry(), CollectorRegistry()
+    Histogram("h_ratio", "doc", buckets=(0.0, 0.5, 1.0), registry=ref)
+    LoopHistogram("h_ratio", "doc", buckets=(0.0, 0.5, 1.0), registry=ours)
+    want = _without_created_times(generate_latest(ref))
+    assert _without_created_times(generate_latest(ours)) == want
+    assert 'h_ratio_bucket{le="+Inf"} 0.0' in want
+
+
 def test_labels_are_checked() -> None:
     h = LoopHistogram("y_seconds", "doc", ["a"], buckets=BUCKETS)
     with pytest.raises(ValueError, match="expected labels"):
