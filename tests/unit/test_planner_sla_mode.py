@@ -15,7 +15,7 @@ import pytest
 from epp.planner.perf import Profile
 from epp.planner.planner import build_policy
 from epp.planner.types import Replicas, Role, RoleLoad, Stats
-from tests.planner_helpers import DECODE, agg, config, obs, pd, profile
+from tests.planner_helpers import DECODE, PREFILL, agg, config, obs, pd, profile
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED
 
@@ -440,3 +440,53 @@ def test_correction_fast_rise_takes_a_rise_at_once_and_smooths_a_fall():
     off_after = off.step(120, seen(120, 10.0)).diagnostics["d_correction"]
     assert on_after < d_on
     assert on_after - off_after == pytest.approx((d_on - d_off) / 2)
+
+
+@functools.cache
+def rising() -> Profile:
+    """The helpers' prefill (TTFT = ISL/40 000 s: 25 ms at 1000) and decode ITL (5 + 20·KV
+    ms), but the throughput rising with the load: 40 000·KV tok/s per GPU, so a tighter ITL
+    target reads a lower throughput. On the 100-column grid column ix is KV ix/99."""
+    decode = DECODE | {"z_thpt_per_gpu": [40_000.0 * kv for kv in DECODE["x_kv_usage"]]}
+    return Profile.from_arrays(PREFILL, decode, "rising")
+
+
+def test_prefill_interference_sizes_decode_at_the_itl_the_prompts_leave():
+    # 20 req/s, ISL 1000, OSL 600, ITL goal 10 ms. Prefill: 25 ms a prompt -> a = 0.5.
+    # Off: the best cell within 10 ms is ix 24 (5 + 20·24/99 = 9.85 ms), 40 000·24/99 =
+    # 9 697 tok/s -> D = 12 000 / 9 697 = 1.24; N = ceil(0.5 + 1.24) = 2.
+    # On: a prompt adds 25 - 5 (the no-load step) = 20 ms to its step: 0.4 replicas of
+    # prompt work. N = 2: rho = 0.2, goal 8 ms -> ix 14, 5 657 tok/s x 0.8 -> D = 2.65,
+    # 0.5 + 2.65 > 2. N = 3: rho = 0.133, goal 8.67 ms -> ix 18, 7 273 x 0.867 tok/s ->
+    # D = 1.90, 0.5 + 1.90 <= 3 -> 3.
+    seen = obs(completions=1200, isl=1000, osl=600, replicas=agg(1))
+    off = epp(rising(), pool="aggregated").step(60, seen)
+    on = epp(rising(), pool="aggregated", prefill_interference=True).step(60, seen)
+    assert off.targets == {A: 2} and on.targets == {A: 3}
+    assert off.diagnostics["decode_load"] == pytest.approx(12_000 / (40_000 * 24 / 99), rel=1e-3)
+    assert on.diagnostics["prefill_itl_share"] == pytest.approx(0.4 / 3)
+    d_on = 12_000 / (40_000 * 18 / 99 * (1 - 0.4 / 3))
+    assert on.diagnostics["decode_load"] == pytest.approx(d_on, rel=1e-3)
+
+
+def test_prefill_interference_is_off_in_a_disaggregated_pool():
+    seen = obs(completions=1200, isl=1000, osl=600, replicas=pd(1, 1))
+    on = epp(rising(), prefill_interference=True).step(60, seen)
+    off = epp(rising()).step(60, seen)
+    assert on.targets == off.targets and "prefill_itl_share" not in on.diagnostics
+
+
+def test_prefill_interference_correction_compares_with_the_stretched_itl():
+    # One replica running 10 requests (expected ITL 11.06 ms, aggregated_itl_obs), 300
+    # requests a minute of ISL 3000: 5 req/s x (75 - 5) ms = 0.35 of its time in prompts,
+    # so the model expects 11.06 / 0.65 = 17.02 ms. Observed exactly that: on, the factor
+    # stays 1; off, it learns half of 1/0.65: 0.5 + 0.5 x 1.538 = 1.269.
+    values = [EXPECTED_ITL / 0.65] * 300
+
+    def factor(on: bool) -> float:
+        pol = epp(pool="aggregated", no_correction=False, prefill_interference=on)
+        d = pol.step(60, aggregated_itl_obs(values))
+        return d.diagnostics["d_correction"], d.diagnostics.get("observed_prefill_share")
+
+    assert factor(True) == (pytest.approx(1.0, rel=1e-3), pytest.approx(0.35))
+    assert factor(False) == (pytest.approx(0.5 + 0.5 / 0.65, rel=1e-3), None)
