@@ -52,10 +52,14 @@ Per interval:
    prompt work and 1 − rho in decode steps, so each decode step (the ITL) stretches by
    1/(1 − rho) (the fixed point of ITL = ITL0 + prompt tokens per step x their cost, the
    prompt tokens per step being the rate x ITL), and the replica produces 1 − rho of the
-   profile's tokens per second. The sizing therefore reads the decode profile at the
-   goal x (1 − rho(N)), and the search over N takes the fewest replicas whose decode
-   point meets that tighter target, with prefill + decode load below N and the TTFT
-   queue met as before (rho falls as N grows, so the target loosens). The correction
+   profile's tokens per second: N (1 − rho) >= D, i.e. prompt work + D <= N, the
+   time-sharing rule above (which counts the prompts' full batch-1 time, a bound on
+   their marginal time). The sizing therefore reads the decode profile at the goal x
+   (1 − rho(N)), and the search over N takes the fewest replicas whose decode point
+   meets that tighter target, with prefill + decode load below N and the TTFT queue met
+   as before (rho falls as N grows, so the target loosens). With the option on, an
+   interval with fewer than 20 completions does not move the ITL factor (a burst's
+   stragglers finishing in a quiet interval saw earlier intervals' prompts). The correction
    compares the observed ITL with the profile's ITL / (1 − rho) at the observed rate,
    so it measures what the model misses, not the interference. Off (the default until
    it wins on all three traces): decode sized on the decode profile alone, as Dynamo.
@@ -121,6 +125,7 @@ MIN_WAIT_SHARE = 0.1  # when service alone breaks the TTFT SLA, still cap waits 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
 MIN_DECODE_SHARE = 0.1  # prefill interference: decode keeps at least this share of a step
+MIN_INTERFERENCE_SAMPLES = 20  # completions an interval needs to teach the ITL factor then
 
 
 class SlaMode:
@@ -242,12 +247,18 @@ class SlaMode:
         ttft_obs = self._stat(obs.ttft_ms)
         itl_obs = self._stat(obs.itl_ms)
         # decode first: the aggregated TTFT model needs the decode share
-        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
+        # with the interference model, a handful of stragglers (a burst's tail finishing in
+        # a quiet interval) saw the prompts of earlier intervals, not this one's rate
+        stragglers = self._interference and obs.completions < MIN_INTERFERENCE_SAMPLES
+        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx) and not stragglers:
             running = obs.role(self._decode).running_mean
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
             expected = self._profile.decode.itl(running / ready_d, ctx)
-            share = self._decode_share(lam, obs.isl.mean, obs.osl.mean, ready_d)
+            # the prompts the measured requests shared steps with: at least the rate they
+            # completed at (a burst's tail completes in an interval with no arrivals)
+            seen = max(obs.arrivals, obs.completions) / max(obs.length_s, 1e-9)
+            share = self._decode_share(seen, obs.isl.mean, obs.osl.mean, ready_d)
             if share < 1.0:
                 expected /= share
                 diag["observed_prefill_share"] = 1.0 - share
@@ -343,7 +354,8 @@ class SlaMode:
         """Decode replicas the rate needs (fractional), whether the ITL target is
         reachable, and the throughput per GPU used. `share` < 1: each replica decodes in
         that share of its time (prefill interference), so the profile is read at the goal
-        x share and a replica yields share x its throughput."""
+        x share. The load stays the profile's (replicas of decode-alone time): the prompts'
+        time is the caller's prefill load, so N >= prefill + decode load counts it once."""
         if lam <= 0 or not osl > 0:
             return 0.0, True, math.nan
         goal = self._itl_goal * share
@@ -359,7 +371,7 @@ class SlaMode:
         if best.thpt_per_gpu <= 0:  # a profile whose every cell is 0 tok/s: nothing to size
             return 0.0, False, 0.0
         gpus = self._cfg.budget.decode_engine_num_gpu
-        return lam * osl / (best.thpt_per_gpu * share) / gpus, best.met, best.thpt_per_gpu
+        return lam * osl / best.thpt_per_gpu / gpus, best.met, best.thpt_per_gpu
 
     def _decode_share(self, lam: float, isl: float, osl: float, replicas: int) -> float:
         """1 − rho: the share of a replica's time left to decode steps when `replicas`

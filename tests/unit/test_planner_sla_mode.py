@@ -456,16 +456,16 @@ def test_prefill_interference_sizes_decode_at_the_itl_the_prompts_leave():
     # Off: the best cell within 10 ms is ix 24 (5 + 20·24/99 = 9.85 ms), 40 000·24/99 =
     # 9 697 tok/s -> D = 12 000 / 9 697 = 1.24; N = ceil(0.5 + 1.24) = 2.
     # On: a prompt adds 25 - 5 (the no-load step) = 20 ms to its step: 0.4 replicas of
-    # prompt work. N = 2: rho = 0.2, goal 8 ms -> ix 14, 5 657 tok/s x 0.8 -> D = 2.65,
-    # 0.5 + 2.65 > 2. N = 3: rho = 0.133, goal 8.67 ms -> ix 18, 7 273 x 0.867 tok/s ->
-    # D = 1.90, 0.5 + 1.90 <= 3 -> 3.
+    # prompt work. N = 2: rho = 0.2, goal 8 ms -> ix 14, 5 657 tok/s -> D = 2.12,
+    # 0.5 + 2.12 > 2. N = 3: rho = 0.133, goal 8.67 ms -> ix 18, 7 273 tok/s -> D = 1.65,
+    # 0.5 + 1.65 <= 3 -> 3.
     seen = obs(completions=1200, isl=1000, osl=600, replicas=agg(1))
     off = epp(rising(), pool="aggregated").step(60, seen)
     on = epp(rising(), pool="aggregated", prefill_interference=True).step(60, seen)
     assert off.targets == {A: 2} and on.targets == {A: 3}
     assert off.diagnostics["decode_load"] == pytest.approx(12_000 / (40_000 * 24 / 99), rel=1e-3)
     assert on.diagnostics["prefill_itl_share"] == pytest.approx(0.4 / 3)
-    d_on = 12_000 / (40_000 * 18 / 99 * (1 - 0.4 / 3))
+    d_on = 12_000 / (40_000 * 18 / 99)
     assert on.diagnostics["decode_load"] == pytest.approx(d_on, rel=1e-3)
 
 
