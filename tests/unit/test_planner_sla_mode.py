@@ -490,3 +490,15 @@ def test_prefill_interference_correction_compares_with_the_stretched_itl():
 
     assert factor(True) == (pytest.approx(1.0, rel=1e-3), pytest.approx(0.35))
     assert factor(False) == (pytest.approx(0.5 + 0.5 / 0.65, rel=1e-3), None)
+
+
+def test_prefill_interference_learns_nothing_from_a_few_stragglers():
+    # ten requests at twice the model's ITL, finishing in an interval with no arrivals (a
+    # burst's tail): on, fewer than 20 completions leave the factor at 1; off, it learns
+    # half of the ratio 2 (p90): 1.5
+    stragglers = aggregated_itl_obs([2 * EXPECTED_ITL] * 10)
+    on = epp(pool="aggregated", no_correction=False, prefill_interference=True)
+    off = epp(pool="aggregated", no_correction=False)
+    on.step(60, stragglers)
+    off.step(60, stragglers)
+    assert on.mode.d_correction == 1.0 and off.mode.d_correction == pytest.approx(1.5, rel=1e-3)
