@@ -328,10 +328,18 @@ class SlaMode:
         if self._agg:
             decode_at = None
             if self._interference:
+                # the corrected target reachable without prompts: hold each N to it (a
+                # count whose prompts push it below the profile is passed over, more
+                # replicas mean fewer prompts per step); unreachable: as without the option
+                strict = self._decode_load(lam, pred.isl, pred.osl, self.d_correction, strict=True)[
+                    1
+                ]
 
                 def decode_at(n: int) -> tuple[float, bool]:
                     share = self._decode_share(lam, pred.isl, pred.osl, n)
-                    found = self._decode_load(lam, pred.isl, pred.osl, self.d_correction, share)
+                    found = self._decode_load(
+                        lam, pred.isl, pred.osl, self.d_correction, share, strict=strict
+                    )
                     return found[0], found[1]
 
             n, d_n = self._aggregated(lam, samples, a, d_need, decode_at)
@@ -349,13 +357,20 @@ class SlaMode:
         return targets, {Role.PREFILL: p_need, Role.DECODE: d_need}, notes
 
     def _decode_load(
-        self, lam: float, isl: float, osl: float, correction: float = 1.0, share: float = 1.0
+        self,
+        lam: float,
+        isl: float,
+        osl: float,
+        correction: float = 1.0,
+        share: float = 1.0,
+        strict: bool = False,
     ) -> tuple[float, bool, float]:
         """Decode replicas the rate needs (fractional), whether the ITL target is
         reachable, and the throughput per GPU used. `share` < 1: each replica decodes in
         that share of its time (prefill interference), so the profile is read at the goal
         x share. The load stays the profile's (replicas of decode-alone time): the prompts'
-        time is the caller's prefill load, so N >= prefill + decode load counts it once."""
+        time is the caller's prefill load, so N >= prefill + decode load counts it once.
+        `strict`: "met" means the corrected target, with no fall-back to the goal itself."""
         if lam <= 0 or not osl > 0:
             return 0.0, True, math.nan
         goal = self._itl_goal * share
@@ -363,7 +378,7 @@ class SlaMode:
         decode = self._profile.decode
         context = isl + osl / 2
         best = decode.find_best_throughput_per_gpu(target, context)
-        if not best.met and target < goal:
+        if not best.met and target < goal and not strict:
             # the correction asks for less than the profile can do: size on the goal itself
             best = decode.find_best_throughput_per_gpu(goal, context)
         if not best.met:
