@@ -57,12 +57,15 @@ Per interval:
    their marginal time). The sizing therefore reads the decode profile at the goal x
    (1 − rho(N)), and the search over N takes the fewest replicas whose decode point
    meets that tighter target, with prefill + decode load below N and the TTFT queue met
-   as before (rho falls as N grows, so the target loosens). With the option on, an
-   interval with fewer than 20 completions does not move the ITL factor (a burst's
-   stragglers finishing in a quiet interval saw earlier intervals' prompts). The correction
-   compares the observed ITL with the profile's ITL / (1 − rho) at the observed rate,
-   so it measures what the model misses, not the interference. Off (the default until
-   it wins on all three traces): decode sized on the decode profile alone, as Dynamo.
+   as before (rho falls as N grows, so the target loosens; a corrected target below
+   the profile is not swapped for the bare goal while more replicas can reach it, which
+   made a tighter margin size *less*). The correction compares the observed ITL with
+   the profile's ITL / (1 − rho) at the rate the measured requests saw, so it measures
+   what the model misses, not the interference; an interval with fewer than 20
+   completions does not move it (a burst's stragglers saw earlier intervals' prompts).
+   Off by default (docs/BENCHMARKS.md "Against the field, fifth run": the ITL factor
+   falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
+   traces): decode sized on the decode profile alone, as Dynamo.
 8. **Hysteresis and cooldown** (#9294), as a stabilization window
    (`scale-down-window`, the 300 s of Kubernetes HPA and AIBrix APA): scale up at
    once; scale down only to the largest target sized within the window, so a smaller
