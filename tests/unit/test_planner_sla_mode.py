@@ -502,3 +502,19 @@ def test_prefill_interference_learns_nothing_from_a_few_stragglers():
     on.step(60, stragglers)
     off.step(60, stragglers)
     assert on.mode.d_correction == 1.0 and off.mode.d_correction == pytest.approx(1.5, rel=1e-3)
+
+
+def test_prefill_interference_keeps_the_corrected_target_while_more_replicas_reach_it():
+    # 10 req/s of ISL 4000 (100 ms: a = 1.0; a prompt adds 100 - 5 = 95 ms: 0.95 replicas
+    # of prompt work), OSL 60 (600 tok/s), ITL goal 10 ms, factor 10/6: target 6 ms
+    # without prompts (ix 4, reachable). The search starts at ceil(1 + 600/1 616) = 2.
+    # N = 3: rho = 0.317, target 4.1 ms, below every cell; falling back to the bare goal x
+    # share (6.83 ms, ix 9) would take N = 3. Kept: N = 7, 5.19 ms, only the KV-0 cell (no
+    # output); N = 8: rho = 0.119, 5.29 ms -> ix 1, 404 tok/s -> D = 1.485, 1 + 1.485 <= 8.
+    seen = obs(completions=600, isl=4000, osl=60, replicas=agg(1))
+    on = epp(rising(), pool="aggregated", prefill_interference=True)
+    on.mode.d_correction = 10 / 6  # no_correction (PLAIN): the factor stays as set
+    d = on.step(60, seen)
+    assert d.targets == {A: 8}
+    assert d.diagnostics["decode_load"] == pytest.approx(600 / (40_000 / 99), rel=1e-3)
+    assert d.diagnostics["prefill_itl_share"] == pytest.approx(0.95 / 8)
