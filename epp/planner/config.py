@@ -288,6 +288,14 @@ class BeyondParams:
         "the factor from 1 to 1.5 and the sizing keeps a pool too small for the next, "
         "larger interval",
     )
+    prefill_interference: bool = param(
+        False,
+        doc="aggregated pools: size decode for the ITL the prefills sharing each replica's "
+        "steps add (chunked prefill mixes prompt tokens into decode steps): at N replicas "
+        "each step stretches by 1/(1 - rho), rho = rate x the profile's marginal prefill "
+        "time per prompt / N, so decode is sized at ITL goal x (1 - rho); off: the decode "
+        "profile alone (decode without prefills), as Dynamo",
+    )
     freeze_correction_on_startup: bool = param(
         True,
         doc="keep the correction factors while replicas start (cold caches distort them, #2511)",

@@ -40,6 +40,32 @@ Per interval:
    N = ceil(prefill load + decode load) in replicas; queue-aware, the fewest N whose
    prefill queue meets the TTFT SLA when each replica has 1 − D/N of its time for
    prefill (D = decode load in replicas).
+   **Prefill interference** (`prefill-interference`, issue 15, fifth run): the decode
+   profile measures decode alone, but an aggregated replica's steps carry the prompts
+   too (vLLM's chunked prefill puts prompt tokens into the decode steps; the simulator's
+   `StepCostModel` charges a step `base + max(weight read, prefill_ms x prompt tokens +
+   decode term) + attention x context`, so a step with a 1,000-token prompt costs ~50 ms
+   where a decode-only one costs ~9). A prompt of u uncached tokens adds m(u) to the step
+   it joins: its profiled batch-1 TTFT less the cost of a step without it (the decode
+   profile's ITL at no load: base, weight read and attention are paid once per step
+   whatever it holds). Over a second a replica at N replicas spends rho = lam x m / N in
+   prompt work and 1 − rho in decode steps, so each decode step (the ITL) stretches by
+   1/(1 − rho) (the fixed point of ITL = ITL0 + prompt tokens per step x their cost, the
+   prompt tokens per step being the rate x ITL), and the replica produces 1 − rho of the
+   profile's tokens per second: N (1 − rho) >= D, i.e. prompt work + D <= N, the
+   time-sharing rule above (which counts the prompts' full batch-1 time, a bound on
+   their marginal time). The sizing therefore reads the decode profile at the goal x
+   (1 − rho(N)), and the search over N takes the fewest replicas whose decode point
+   meets that tighter target, with prefill + decode load below N and the TTFT queue met
+   as before (rho falls as N grows, so the target loosens; a corrected target below
+   the profile is not swapped for the bare goal while more replicas can reach it, which
+   made a tighter margin size *less*). The correction compares the observed ITL with
+   the profile's ITL / (1 − rho) at the rate the measured requests saw, so it measures
+   what the model misses, not the interference; an interval with fewer than 20
+   completions does not move it (a burst's stragglers saw earlier intervals' prompts).
+   Off by default (docs/BENCHMARKS.md "Against the field, fifth run": the ITL factor
+   falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
+   traces): decode sized on the decode profile alone, as Dynamo.
 8. **Hysteresis and cooldown** (#9294), as a stabilization window
    (`scale-down-window`, the 300 s of Kubernetes HPA and AIBrix APA): scale up at
    once; scale down only to the largest target sized within the window, so a smaller
@@ -86,7 +112,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from epp.planner.attainment import AttainmentControl
 from epp.planner.config import PlannerConfig
@@ -101,6 +127,8 @@ CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
 MIN_WAIT_SHARE = 0.1  # when service alone breaks the TTFT SLA, still cap waits at 10 % of it
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
+MIN_DECODE_SHARE = 0.1  # prefill interference: decode keeps at least this share of a step
+MIN_INTERFERENCE_SAMPLES = 20  # completions an interval needs to teach the ITL factor then
 
 
 class SlaMode:
@@ -115,6 +143,7 @@ class SlaMode:
         self._interval = config.interval_s
         self._roles = config.roles
         self._agg = config.planner.pool == "aggregated"
+        self._interference = self._agg and config.beyond.prefill_interference
         self._decode = Role.AGGREGATED if self._agg else Role.DECODE
         self._prefill = Role.AGGREGATED if self._agg else Role.PREFILL
         self.predictors = predictors or build_load_predictors(config.predictor, self._interval)
@@ -221,18 +250,29 @@ class SlaMode:
         ttft_obs = self._stat(obs.ttft_ms)
         itl_obs = self._stat(obs.itl_ms)
         # decode first: the aggregated TTFT model needs the decode share
-        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
+        # with the interference model, a handful of stragglers (a burst's tail finishing in
+        # a quiet interval) saw the prompts of earlier intervals, not this one's rate
+        stragglers = self._interference and obs.completions < MIN_INTERFERENCE_SAMPLES
+        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx) and not stragglers:
             running = obs.role(self._decode).running_mean
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
             expected = self._profile.decode.itl(running / ready_d, ctx)
+            # the prompts the measured requests shared steps with: at least the rate they
+            # completed at (a burst's tail completes in an interval with no arrivals)
+            seen = max(obs.arrivals, obs.completions) / max(obs.length_s, 1e-9)
+            share = self._decode_share(seen, obs.isl.mean, obs.osl.mean, ready_d)
+            if share < 1.0:
+                expected /= share
+                diag["observed_prefill_share"] = 1.0 - share
             self.d_correction = self._learn(self.d_correction, itl_obs / expected)
             diag["expected_itl_ms"] = expected
         if ready_p > 0 and not math.isnan(ttft_obs):
             samples = self._service_samples(obs.isl.mean, correction=1.0)
             decode_load = 0.0
             if self._agg:
-                found = self._decode_load(lam, obs.isl.mean, obs.osl.mean, self.d_correction)
+                share = self._decode_share(lam, obs.isl.mean, obs.osl.mean, ready_p)
+                found = self._decode_load(lam, obs.isl.mean, obs.osl.mean, self.d_correction, share)
                 decode_load = found[0]
             expected = self._ttft_ms(ready_p, lam, samples, decode_load)
             if math.isfinite(expected) and expected > 0:
@@ -289,8 +329,27 @@ class SlaMode:
         diag |= {"prefill_service_ms": mean_s * 1000, "prefill_load": a, "decode_load": d_need}
         floor = self._cfg.budget.min_endpoint
         if self._agg:
-            n = self._aggregated(lam, samples, a, d_need)
-            return {Role.AGGREGATED: max(n, floor)}, {Role.AGGREGATED: a + d_need}, notes
+            decode_at = None
+            if self._interference:
+                # the corrected target reachable without prompts: hold each N to it (a
+                # count whose prompts push it below the profile is passed over, more
+                # replicas mean fewer prompts per step); unreachable: as without the option
+                strict = self._decode_load(lam, pred.isl, pred.osl, self.d_correction, strict=True)[
+                    1
+                ]
+
+                def decode_at(n: int) -> tuple[float, bool]:
+                    share = self._decode_share(lam, pred.isl, pred.osl, n)
+                    found = self._decode_load(
+                        lam, pred.isl, pred.osl, self.d_correction, share, strict=strict
+                    )
+                    return found[0], found[1]
+
+            n, d_n = self._aggregated(lam, samples, a, d_need, decode_at)
+            if decode_at is not None:
+                share = self._decode_share(lam, pred.isl, pred.osl, max(n, 1))
+                diag |= {"decode_load": d_n, "prefill_itl_share": 1.0 - share}
+            return {Role.AGGREGATED: max(n, floor)}, {Role.AGGREGATED: a + d_n}, notes
         if self._x.queue_aware_prefill:
             n_p = self._queue_replicas(lam, samples)
             p_need = float(n_p)  # the queue model's answer is the need
@@ -301,18 +360,28 @@ class SlaMode:
         return targets, {Role.PREFILL: p_need, Role.DECODE: d_need}, notes
 
     def _decode_load(
-        self, lam: float, isl: float, osl: float, correction: float = 1.0
+        self,
+        lam: float,
+        isl: float,
+        osl: float,
+        correction: float = 1.0,
+        share: float = 1.0,
+        strict: bool = False,
     ) -> tuple[float, bool, float]:
         """Decode replicas the rate needs (fractional), whether the ITL target is
-        reachable, and the throughput per GPU used."""
+        reachable, and the throughput per GPU used. `share` < 1: each replica decodes in
+        that share of its time (prefill interference), so the profile is read at the goal
+        x share. The load stays the profile's (replicas of decode-alone time): the prompts'
+        time is the caller's prefill load, so N >= prefill + decode load counts it once.
+        `strict`: "met" means the corrected target, with no fall-back to the goal itself."""
         if lam <= 0 or not osl > 0:
             return 0.0, True, math.nan
-        goal = self._itl_goal
+        goal = self._itl_goal * share
         target = goal / correction if correction > 0 else goal
         decode = self._profile.decode
         context = isl + osl / 2
         best = decode.find_best_throughput_per_gpu(target, context)
-        if not best.met and target < goal:
+        if not best.met and target < goal and not strict:
             # the correction asks for less than the profile can do: size on the goal itself
             best = decode.find_best_throughput_per_gpu(goal, context)
         if not best.met:
@@ -321,6 +390,25 @@ class SlaMode:
             return 0.0, False, 0.0
         gpus = self._cfg.budget.decode_engine_num_gpu
         return lam * osl / best.thpt_per_gpu / gpus, best.met, best.thpt_per_gpu
+
+    def _decode_share(self, lam: float, isl: float, osl: float, replicas: int) -> float:
+        """1 − rho: the share of a replica's time left to decode steps when `replicas`
+        aggregated replicas share `lam` prompts/s (1 with `prefill-interference` off)."""
+        if not self._interference or replicas <= 0 or lam <= 0:
+            return 1.0
+        rho = lam * self._marginal_prefill_s(isl, osl) / replicas
+        return max(MIN_DECODE_SHARE, 1.0 - rho)
+
+    def _marginal_prefill_s(self, isl: float, osl: float) -> float:
+        """Mean seconds a prompt adds to the step it joins: its profiled batch-1 TTFT
+        (uncached tokens) less a step without it (the decode profile's ITL at no load,
+        at the requests' mid-answer context: what every step pays whatever it holds)."""
+        samples = self._service_samples(isl, correction=1.0)
+        if not samples:
+            return 0.0
+        context = isl + (osl / 2 if osl > 0 else 0.0)
+        step = self._profile.decode.itl(0.0, context) / 1000.0
+        return _mean([max(0.0, s - step) for s in samples])
 
     def _service_samples(self, isl: float, correction: float) -> list[float]:
         """Prefill service times (s) of the prompts to come: the sampled prompt lengths
@@ -368,17 +456,41 @@ class SlaMode:
         budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
         return smallest_servers(lam * mean_s, mean_s, budget, self._q, scv)
 
-    def _aggregated(self, lam: float, samples: list[float], a: float, d_need: float) -> int:
-        """Replicas for a pool whose replicas both prefill and decode: N replicas give
-        prefill 1 - D/N of their time, which stretches each prefill by N/(N - D)."""
+    def _aggregated(
+        self,
+        lam: float,
+        samples: list[float],
+        a: float,
+        d_need: float,
+        decode_at: Callable[[int], tuple[float, bool]] | None = None,
+    ) -> tuple[int, float]:
+        """Replicas for a pool whose replicas both prefill and decode, and the decode
+        load at that count: N replicas give prefill 1 - D/N of their time, which
+        stretches each prefill by N/(N - D). `decode_at(N)` (prefill interference): the
+        decode load and whether its ITL target is met at N; a count whose target is not
+        met, or whose load does not fit, is passed over (none up to the search's end:
+        the answer without interference)."""
         if lam <= 0:
-            return 0
-        if not self._x.queue_aware_prefill or not samples:
-            return max(math.ceil(a + d_need - 1e-9), 1)
+            return 0, d_need
+        queue = self._x.queue_aware_prefill and bool(samples)
+        if queue:
+            n = max(1, math.floor(a + d_need) + 1)  # stability: a·N/(N-D) < N <=> a + D < N
+        else:
+            n = max(math.ceil(a + d_need - 1e-9), 1)
+        if decode_at is None and not queue:
+            return n, d_need
         sla = self._ttft_goal / 1000
-        n = max(1, math.floor(a + d_need) + 1)  # stability: a·N/(N-D) < N  <=>  a + D < N
         for _ in range(MAX_SEARCH):
-            share = 1.0 - d_need / n
+            d_n = d_need
+            if decode_at is not None:
+                d_n, met = decode_at(n)
+                fits = a + d_n < n if queue else a + d_n <= n + 1e-9
+                if not (met and fits):
+                    n += 1
+                    continue
+                if not queue:
+                    return n, d_n
+            share = 1.0 - d_n / n
             mean_s, svc_q, scv = self._queue_params([x / share for x in samples])
             budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
             wait = (
@@ -387,9 +499,11 @@ class SlaMode:
                 else wait_quantile(n, lam * mean_s, mean_s, self._q, scv)
             )
             if wait <= budget:
-                return n
+                return n, d_n
             n += 1
-        return n
+        if decode_at is not None:
+            return self._aggregated(lam, samples, a, d_need)
+        return n, d_need
 
     # -- 10. emergency scale-up ----------------------------------------------------------
     def _emergency(

@@ -15,7 +15,7 @@ import pytest
 from epp.planner.perf import Profile
 from epp.planner.planner import build_policy
 from epp.planner.types import Replicas, Role, RoleLoad, Stats
-from tests.planner_helpers import DECODE, agg, config, obs, pd, profile
+from tests.planner_helpers import DECODE, PREFILL, agg, config, obs, pd, profile
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED
 
@@ -440,3 +440,81 @@ def test_correction_fast_rise_takes_a_rise_at_once_and_smooths_a_fall():
     off_after = off.step(120, seen(120, 10.0)).diagnostics["d_correction"]
     assert on_after < d_on
     assert on_after - off_after == pytest.approx((d_on - d_off) / 2)
+
+
+@functools.cache
+def rising() -> Profile:
+    """The helpers' prefill (TTFT = ISL/40 000 s: 25 ms at 1000) and decode ITL (5 + 20·KV
+    ms), but the throughput rising with the load: 40 000·KV tok/s per GPU, so a tighter ITL
+    target reads a lower throughput. On the 100-column grid column ix is KV ix/99."""
+    decode = DECODE | {"z_thpt_per_gpu": [40_000.0 * kv for kv in DECODE["x_kv_usage"]]}
+    return Profile.from_arrays(PREFILL, decode, "rising")
+
+
+def test_prefill_interference_sizes_decode_at_the_itl_the_prompts_leave():
+    # 20 req/s, ISL 1000, OSL 600, ITL goal 10 ms. Prefill: 25 ms a prompt -> a = 0.5.
+    # Off: the best cell within 10 ms is ix 24 (5 + 20·24/99 = 9.85 ms), 40 000·24/99 =
+    # 9 697 tok/s -> D = 12 000 / 9 697 = 1.24; N = ceil(0.5 + 1.24) = 2.
+    # On: a prompt adds 25 - 5 (the no-load step) = 20 ms to its step: 0.4 replicas of
+    # prompt work. N = 2: rho = 0.2, goal 8 ms -> ix 14, 5 657 tok/s -> D = 2.12,
+    # 0.5 + 2.12 > 2. N = 3: rho = 0.133, goal 8.67 ms -> ix 18, 7 273 tok/s -> D = 1.65,
+    # 0.5 + 1.65 <= 3 -> 3.
+    seen = obs(completions=1200, isl=1000, osl=600, replicas=agg(1))
+    off = epp(rising(), pool="aggregated").step(60, seen)
+    on = epp(rising(), pool="aggregated", prefill_interference=True).step(60, seen)
+    assert off.targets == {A: 2} and on.targets == {A: 3}
+    assert off.diagnostics["decode_load"] == pytest.approx(12_000 / (40_000 * 24 / 99), rel=1e-3)
+    assert on.diagnostics["prefill_itl_share"] == pytest.approx(0.4 / 3)
+    d_on = 12_000 / (40_000 * 18 / 99)
+    assert on.diagnostics["decode_load"] == pytest.approx(d_on, rel=1e-3)
+
+
+def test_prefill_interference_is_off_in_a_disaggregated_pool():
+    seen = obs(completions=1200, isl=1000, osl=600, replicas=pd(1, 1))
+    on = epp(rising(), prefill_interference=True).step(60, seen)
+    off = epp(rising()).step(60, seen)
+    assert on.targets == off.targets and "prefill_itl_share" not in on.diagnostics
+
+
+def test_prefill_interference_correction_compares_with_the_stretched_itl():
+    # One replica running 10 requests (expected ITL 11.06 ms, aggregated_itl_obs), 300
+    # requests a minute of ISL 3000: 5 req/s x (75 - 5) ms = 0.35 of its time in prompts,
+    # so the model expects 11.06 / 0.65 = 17.02 ms. Observed exactly that: on, the factor
+    # stays 1; off, it learns half of 1/0.65: 0.5 + 0.5 x 1.538 = 1.269.
+    values = [EXPECTED_ITL / 0.65] * 300
+
+    def factor(on: bool) -> float:
+        pol = epp(pool="aggregated", no_correction=False, prefill_interference=on)
+        d = pol.step(60, aggregated_itl_obs(values))
+        return d.diagnostics["d_correction"], d.diagnostics.get("observed_prefill_share")
+
+    assert factor(True) == (pytest.approx(1.0, rel=1e-3), pytest.approx(0.35))
+    assert factor(False) == (pytest.approx(0.5 + 0.5 / 0.65, rel=1e-3), None)
+
+
+def test_prefill_interference_learns_nothing_from_a_few_stragglers():
+    # ten requests at twice the model's ITL, finishing in an interval with no arrivals (a
+    # burst's tail): on, fewer than 20 completions leave the factor at 1; off, it learns
+    # half of the ratio 2 (p90): 1.5
+    stragglers = aggregated_itl_obs([2 * EXPECTED_ITL] * 10)
+    on = epp(pool="aggregated", no_correction=False, prefill_interference=True)
+    off = epp(pool="aggregated", no_correction=False)
+    on.step(60, stragglers)
+    off.step(60, stragglers)
+    assert on.mode.d_correction == 1.0 and off.mode.d_correction == pytest.approx(1.5, rel=1e-3)
+
+
+def test_prefill_interference_keeps_the_corrected_target_while_more_replicas_reach_it():
+    # 10 req/s of ISL 4000 (100 ms: a = 1.0; a prompt adds 100 - 5 = 95 ms: 0.95 replicas
+    # of prompt work), OSL 60 (600 tok/s), ITL goal 10 ms, factor 10/6: target 6 ms
+    # without prompts (ix 4, reachable). The search starts at ceil(1 + 600/1 616) = 2.
+    # N = 3: rho = 0.317, target 4.1 ms, below every cell; falling back to the bare goal x
+    # share (6.83 ms, ix 9) would take N = 3. Kept: N = 7, 5.19 ms, only the KV-0 cell (no
+    # output); N = 8: rho = 0.119, 5.29 ms -> ix 1, 404 tok/s -> D = 1.485, 1 + 1.485 <= 8.
+    seen = obs(completions=600, isl=4000, osl=60, replicas=agg(1))
+    on = epp(rising(), pool="aggregated", prefill_interference=True)
+    on.mode.d_correction = 10 / 6  # no_correction (PLAIN): the factor stays as set
+    d = on.step(60, seen)
+    assert d.targets == {A: 8}
+    assert d.diagnostics["decode_load"] == pytest.approx(600 / (40_000 / 99), rel=1e-3)
+    assert d.diagnostics["prefill_itl_share"] == pytest.approx(0.95 / 8)
