@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -45,7 +44,6 @@ DEFAULT_MAX_BUFFERED_BYTES = 256 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT = 30.0
 
 _UNROUTED = (Phase.AWAIT_HEADERS, Phase.GATHER_BODY)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,26 +82,9 @@ class _BodyDeadline:
         self._expired = False
         self._cancelling = 0
 
-    async def within(self, wait: Awaitable[T]) -> T:
-        try:
-            self.begin()
-        except TimeoutError:
-            close = getattr(wait, "close", None)
-            if close is not None:
-                close()  # never awaited: no "coroutine was never awaited" warning
-            raise
-        try:
-            return await wait
-        except asyncio.CancelledError:
-            if self.fired():
-                raise TimeoutError from None
-            raise
-        finally:
-            self.end()
-
-    # `within` in three calls, for the servicer's loop to inline (no coroutine per
-    # message): begin() before the wait, fired() on CancelledError (True: the timer's,
-    # raise TimeoutError), end() after it however it went.
+    # A wait in three calls, inlined in the servicer's loop (no coroutine per message):
+    # begin() before the wait, fired() on CancelledError (True: the timer's, raise
+    # TimeoutError), end() after it however it went.
     def begin(self) -> None:
         """Start a wait; raises TimeoutError if the deadline has passed."""
         if self._expired or self._loop.time() >= self._at:
@@ -186,7 +167,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         try:
             while True:
                 try:
-                    if stream.phase in _UNROUTED:  # deadline.within, inlined
+                    if stream.phase in _UNROUTED:  # begin / fired / end: see _BodyDeadline
                         deadline.begin()
                         try:
                             msg = await anext(messages)
