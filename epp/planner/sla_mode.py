@@ -106,6 +106,19 @@ Per interval:
 11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
    share of requests within both SLAs over a recent window drives a load factor the
    sizing plans for (integral action, bounded, given back when comfortable).
+12. **The aggregated replica's TTFT** (`aggregated-ttft`, issue 15, seventh run; off by
+   default): a prompt waits for the step in flight, rides in the next step with the
+   decodes and the prompts batched with it, and takes ceil(u / `max-num-batched-tokens`)
+   steps (`agg_ttft.py`, from the profile alone, over the sampled prompt lengths: their
+   spread is the p90's main term, which t(mean ISL) missed). The correction compares the
+   observed statistic with that model's (Azure x3: 0.89-1.07 where the queue model's
+   was 1.6-2.8), and the queue-aware search takes the fewest N whose model TTFT x the
+   factor meets the goal. `request-target` q (needs it) sizes instead to the fewest N
+   whose model predicts a share q of requests within both goals: TTFT from the step
+   model, ITL per request from the prompts batched into its own steps (`agg_itl.py`, a
+   compound Poisson sum over its osl - 1 steps), each over its factor, the ITL factor
+   then comparing the observed p90 with that distribution's. Both off by default
+   (docs/BENCHMARKS.md "Against the field, seventh run").
 """
 
 from __future__ import annotations
