@@ -27,25 +27,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import ndtr
+
+from epp.planner.agg_ttft import smallest_reaching
 
 LARGE_LAMBDA = 25.0  # expected prompts during a decode past which S is taken as normal
 MAX_TERMS = 60  # Poisson terms summed below LARGE_LAMBDA (P(K > 60) < 1e-12 there)
 BISECT_ROUNDS = 40
 
 
-def within(
-    limit_ms: float,
-    itl_ms: float,
-    rho: float,
-    rate: float,
-    works_ms: Sequence[float],
-    osls: Sequence[float],
-) -> np.ndarray:
+@dataclass(frozen=True, eq=False)
+class DecodeSteps:
+    """What a request decodes among on one replica: the decode step `itl_ms`, the share
+    `rho` of the replica's time in prompt work, `rate` prompts/s arriving, each bringing
+    a work drawn from `works_ms` (`agg_ttft.AggregatedTtft.works_ms`)."""
+
+    itl_ms: float
+    rho: float
+    rate: float
+    works_ms: Sequence[float]
+
+
+def within(steps: DecodeSteps, limit_ms: float, osls: Sequence[float]) -> np.ndarray:
     """Per request (answer lengths `osls`), the probability its ITL is within
     `limit_ms`; 1 for one-token answers."""
+    itl_ms, rho, rate = steps.itl_ms, steps.rho, steps.rate
     o = np.asarray(osls, dtype=float)
     out = np.ones(len(o))
     multi = o >= 2
@@ -53,7 +62,7 @@ def within(
         return out if math.isfinite(itl_ms) else np.where(multi, 0.0, 1.0)
     g = o[multi] - 1.0
     slack = g * (limit_ms - itl_ms)  # ms of prompt work its steps can absorb
-    w = np.sort(np.asarray(works_ms, dtype=float))
+    w = np.sort(np.asarray(steps.works_ms, dtype=float))
     if rate <= 0 or len(w) == 0 or rho >= 1:
         out[multi] = np.where(slack >= 0, 1.0, 0.0) if rho < 1 else 0.0
         return out
@@ -79,42 +88,23 @@ def within(
     return out
 
 
-def share(
-    limit_ms: float,
-    itl_ms: float,
-    rho: float,
-    rate: float,
-    works_ms: Sequence[float],
-    osls: Sequence[float],
-) -> float:
+def share(steps: DecodeSteps, limit_ms: float, osls: Sequence[float]) -> float:
     """The share of requests whose ITL is within `limit_ms` (one-token answers count)."""
     if len(osls) == 0:
         return math.nan
-    return float(np.mean(within(limit_ms, itl_ms, rho, rate, works_ms, osls)))
+    return float(np.mean(within(steps, limit_ms, osls)))
 
 
-def quantile(
-    q: float,
-    itl_ms: float,
-    rho: float,
-    rate: float,
-    works_ms: Sequence[float],
-    osls: Sequence[float],
-) -> float:
+def quantile(steps: DecodeSteps, q: float, osls: Sequence[float]) -> float:
     """The ITL (ms) a share `q` of the requests with an ITL (two or more output
     tokens) stay within; NaN when there are none."""
+    itl_ms, rho = steps.itl_ms, steps.rho
     multi = [o for o in osls if o >= 2]
     if not multi or not math.isfinite(itl_ms) or rho >= 1:
         return math.nan if not multi else math.inf
     lo, hi = itl_ms, itl_ms / (1.0 - rho) * 2.0
     for _ in range(BISECT_ROUNDS):  # widen until the q-share is inside
-        if share(hi, itl_ms, rho, rate, works_ms, multi) >= q:
+        if share(steps, hi, multi) >= q:
             break
         lo, hi = hi, hi * 2.0
-    for _ in range(BISECT_ROUNDS):
-        mid = (lo + hi) / 2
-        if share(mid, itl_ms, rho, rate, works_ms, multi) >= q:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return smallest_reaching(lambda t: share(steps, t, multi), q, lo, hi, BISECT_ROUNDS)

@@ -46,7 +46,7 @@ Pure arithmetic over the profile; no state.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,11 +198,18 @@ def mixture_quantile(own_ms: Sequence[float], wait_ms: float, q: float) -> float
     if not math.isfinite(wait_ms):
         return math.inf
     own = np.asarray(own_ms, dtype=float)
-    lo = float(own.min())
     hi = float(own.max()) + max(wait_ms, 0.0) * -math.log(max(1e-12, 1.0 - q)) + 1e-9
-    for _ in range(BISECT_ROUNDS):
+    return smallest_reaching(lambda t: mixture_share(own, wait_ms, t), q, float(own.min()), hi)
+
+
+def smallest_reaching(
+    share_at: Callable[[float], float], q: float, lo: float, hi: float, rounds: int = BISECT_ROUNDS
+) -> float:
+    """The smallest t in [lo, hi] with `share_at(t) >= q`, by bisection (`share_at`
+    non-decreasing, `share_at(hi) >= q`)."""
+    for _ in range(rounds):
         mid = (lo + hi) / 2
-        if mixture_share(own, wait_ms, mid) >= q:
+        if share_at(mid) >= q:
             hi = mid
         else:
             lo = mid

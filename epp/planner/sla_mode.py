@@ -327,9 +327,8 @@ class SlaMode:
         if self._q is None:
             expected = reg.mean_step_ms
         else:
-            expected = agg_itl.quantile(
-                self._q, reg.itl_ms, reg.rho, rate, model.works_ms, obs.osl_samples
-            )
+            steps = agg_itl.DecodeSteps(reg.itl_ms, reg.rho, rate, model.works_ms)
+            expected = agg_itl.quantile(steps, self._q, obs.osl_samples)
         if math.isfinite(expected) and expected > 0:
             self.d_correction = self._learn(self.d_correction, itl_obs / expected)
             diag["expected_itl_ms"] = expected
@@ -346,9 +345,8 @@ class SlaMode:
         osls = self._osl_lengths(osl)
         if not osls:
             return ttft
-        itl = agg_itl.share(
-            self._itl_goal / self.d_correction, reg.itl_ms, reg.rho, rate, model.works_ms, osls
-        )
+        steps = agg_itl.DecodeSteps(reg.itl_ms, reg.rho, rate, model.works_ms)
+        itl = agg_itl.share(steps, self._itl_goal / self.d_correction, osls)
         return ttft * itl
 
     def _osl_lengths(self, osl: float) -> list[float]:

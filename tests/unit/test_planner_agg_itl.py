@@ -8,16 +8,16 @@ import math
 import pytest
 from scipy.special import ndtr
 
-from epp.planner.agg_itl import LARGE_LAMBDA, quantile, share, within
+from epp.planner.agg_itl import LARGE_LAMBDA, DecodeSteps, quantile, share, within
 
 
 def test_one_token_answers_have_no_itl_and_count_as_within():
-    assert within(1.0, 10.0, 0.1, 1.0, [50.0], [1, 1]).tolist() == [1.0, 1.0]
+    assert within(DecodeSteps(10.0, 0.1, 1.0, [50.0]), 1.0, [1, 1]).tolist() == [1.0, 1.0]
 
 
 def test_without_prompts_a_request_is_within_iff_the_bare_step_is():
-    assert within(12.0, 10.0, 0.0, 0.0, [50.0], [10]).tolist() == [1.0]
-    assert within(9.0, 10.0, 0.0, 0.0, [50.0], [10]).tolist() == [0.0]
+    assert within(DecodeSteps(10.0, 0.0, 0.0, [50.0]), 12.0, [10]).tolist() == [1.0]
+    assert within(DecodeSteps(10.0, 0.0, 0.0, [50.0]), 9.0, [10]).tolist() == [0.0]
 
 
 def test_a_short_answer_meets_at_most_the_prompts_its_slack_absorbs():
@@ -26,8 +26,10 @@ def test_a_short_answer_meets_at_most_the_prompts_its_slack_absorbs():
     # limit 14 ms: slack 9 x 4 = 36 ms < 50: within only with no prompt, e^-0.09474.
     # limit 16 ms: slack 54 ms: no prompt or one (two take 100 ms): e^-lam (1 + lam).
     lam = 9 * 0.010 / 0.95
-    assert within(14.0, 10.0, 0.05, 1.0, [50.0], [10])[0] == pytest.approx(math.exp(-lam))
-    got = within(16.0, 10.0, 0.05, 1.0, [50.0], [10])[0]
+    assert within(DecodeSteps(10.0, 0.05, 1.0, [50.0]), 14.0, [10])[0] == pytest.approx(
+        math.exp(-lam)
+    )
+    got = within(DecodeSteps(10.0, 0.05, 1.0, [50.0]), 16.0, [10])[0]
     assert got == pytest.approx(math.exp(-lam) * (1 + lam))
 
 
@@ -38,7 +40,7 @@ def test_the_one_prompt_term_reads_the_sampled_works():
     p = [math.exp(-lam) * lam**k / math.factorial(k) for k in range(4)]
     two = ndtr((54 - 100) / math.sqrt(2 * 900))
     three = ndtr((54 - 150) / math.sqrt(3 * 900))
-    got = within(16.0, 10.0, 0.05, 1.0, [20.0, 80.0], [10])[0]
+    got = within(DecodeSteps(10.0, 0.05, 1.0, [20.0, 80.0]), 16.0, [10])[0]
     assert got == pytest.approx(p[0] + p[1] * 0.5 + p[2] * two + p[3] * three, rel=1e-4)
 
 
@@ -48,16 +50,16 @@ def test_a_long_answer_averages_the_prompts_out_normally():
     lam = 3000 * 0.010 / 0.95
     assert lam > LARGE_LAMBDA
     want = ndtr((1800 - lam * 50) / math.sqrt(lam * 2500))
-    assert within(10.6, 10.0, 0.05, 1.0, [50.0], [3001])[0] == pytest.approx(want)
+    assert within(DecodeSteps(10.0, 0.05, 1.0, [50.0]), 10.6, [3001])[0] == pytest.approx(want)
 
 
 def test_share_averages_requests_and_quantile_inverts_it():
     works, osls = [20.0, 80.0, 300.0], [1, 5, 40, 200, 1000]
-    assert share(16.0, 10.0, 0.1, 2.0, works, osls) == pytest.approx(
-        within(16.0, 10.0, 0.1, 2.0, works, osls).mean()
+    assert share(DecodeSteps(10.0, 0.1, 2.0, works), 16.0, osls) == pytest.approx(
+        within(DecodeSteps(10.0, 0.1, 2.0, works), 16.0, osls).mean()
     )
-    q90 = quantile(0.9, 10.0, 0.1, 2.0, works, osls)
+    q90 = quantile(DecodeSteps(10.0, 0.1, 2.0, works), 0.9, osls)
     multi = [o for o in osls if o >= 2]
-    assert share(q90, 10.0, 0.1, 2.0, works, multi) >= 0.9
-    assert share(q90 * 0.99, 10.0, 0.1, 2.0, works, multi) < 0.9
-    assert math.isnan(quantile(0.9, 10.0, 0.1, 2.0, works, [1, 1]))
+    assert share(DecodeSteps(10.0, 0.1, 2.0, works), q90, multi) >= 0.9
+    assert share(DecodeSteps(10.0, 0.1, 2.0, works), q90 * 0.99, multi) < 0.9
+    assert math.isnan(quantile(DecodeSteps(10.0, 0.1, 2.0, works), 0.9, [1, 1]))
