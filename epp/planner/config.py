@@ -296,6 +296,32 @@ class BeyondParams:
         "time per prompt / N, so decode is sized at ITL goal x (1 - rho); off: the decode "
         "profile alone (decode without prefills), as Dynamo",
     )
+    aggregated_ttft: bool = param(
+        False,
+        doc="aggregated pools: model a prompt's TTFT as a vLLM replica serves it (it waits "
+        "for the step in flight, rides in the next step with the decodes and the prompts "
+        "batched with it, takes ceil(uncached tokens / max-num-batched-tokens) steps), over "
+        "the interval's sampled prompt lengths, from the profile alone "
+        "(epp/planner/agg_ttft.py); off: batch-1 TTFT stretched by the decode share in an "
+        "M/G/c queue",
+    )
+    max_num_batched_tokens: int = param(
+        8192,
+        min=1,
+        doc="with aggregated-ttft: the engine's token budget per step (vLLM's "
+        "--max-num-batched-tokens; 8192 is its OpenAI-server default on H100-class GPUs): "
+        "a longer prompt is prefilled in chunks of this many tokens, one step each",
+    )
+    request_target: float = param(
+        0.0,
+        min=0.0,
+        max=0.9999,
+        doc="with aggregated-ttft (aggregated pools): size to the fewest replicas whose "
+        "model predicts at least this share of requests within both SLAs (each request's "
+        "TTFT from the step model, its ITL from the prompts batched into its own steps, "
+        "epp/planner/agg_itl.py), instead of the SLA percentile of each; the corrections "
+        "then compare the observed percentile with the model's distribution; 0: off",
+    )
     freeze_correction_on_startup: bool = param(
         True,
         doc="keep the correction factors while replicas start (cold caches distort them, #2511)",
@@ -455,6 +481,13 @@ class PlannerConfig:
         return (Role.PREFILL, Role.DECODE)
 
     def validate(self) -> None:
+        x = self.beyond
+        if x.request_target > 0 and not (x.aggregated_ttft and self.planner.pool == "aggregated"):
+            raise ConfigError(
+                "request-target",
+                f"{x.request_target} needs the aggregated pool's models: set "
+                "aggregated-ttft: true (and pool: aggregated), or request-target: 0",
+            )
         b = self.budget
         floors = min_gpus_needed(self.roles, b.gpus_per_replica(), b.min_endpoint)
         if b.max_gpu_budget is not None and floors > b.max_gpu_budget:

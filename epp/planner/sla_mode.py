@@ -106,6 +106,19 @@ Per interval:
 11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
    share of requests within both SLAs over a recent window drives a load factor the
    sizing plans for (integral action, bounded, given back when comfortable).
+12. **The aggregated replica's TTFT** (`aggregated-ttft`, issue 15, seventh run; off by
+   default): a prompt waits for the step in flight, rides in the next step with the
+   decodes and the prompts batched with it, and takes ceil(u / `max-num-batched-tokens`)
+   steps (`agg_ttft.py`, from the profile alone, over the sampled prompt lengths: their
+   spread is the p90's main term, which t(mean ISL) missed). The correction compares the
+   observed statistic with that model's (Azure x3: 0.89-1.07 where the queue model's
+   was 1.6-2.8), and the queue-aware search takes the fewest N whose model TTFT x the
+   factor meets the goal. `request-target` q (needs it) sizes instead to the fewest N
+   whose model predicts a share q of requests within both goals: TTFT from the step
+   model, ITL per request from the prompts batched into its own steps (`agg_itl.py`, a
+   compound Poisson sum over its osl - 1 steps), each over its factor, the ITL factor
+   then comparing the observed p90 with that distribution's. Both off by default
+   (docs/BENCHMARKS.md "Against the field, seventh run").
 """
 
 from __future__ import annotations
@@ -114,6 +127,8 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
+from epp.planner import agg_itl
+from epp.planner.agg_ttft import AggregatedTtft, aggregated_ttft
 from epp.planner.attainment import AttainmentControl
 from epp.planner.config import PlannerConfig
 from epp.planner.mode import Proposal, current
@@ -129,6 +144,7 @@ QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
 MIN_DECODE_SHARE = 0.1  # prefill interference: decode keeps at least this share of a step
 MIN_INTERFERENCE_SAMPLES = 20  # completions an interval needs to teach the ITL factor then
+OSL_SAMPLES = 512  # answer lengths kept for the request-level sizing (a bounded stride)
 
 
 class SlaMode:
@@ -144,6 +160,9 @@ class SlaMode:
         self._roles = config.roles
         self._agg = config.planner.pool == "aggregated"
         self._interference = self._agg and config.beyond.prefill_interference
+        self._step_ttft = self._agg and config.beyond.aggregated_ttft
+        self._requests = self._step_ttft and config.beyond.request_target > 0
+        self._osl_samples: tuple[int, ...] = ()
         self._decode = Role.AGGREGATED if self._agg else Role.DECODE
         self._prefill = Role.AGGREGATED if self._agg else Role.PREFILL
         self.predictors = predictors or build_load_predictors(config.predictor, self._interval)
@@ -225,6 +244,8 @@ class SlaMode:
     def _remember(self, obs: Observation) -> None:
         if obs.isl_samples:
             self._isl_samples = obs.isl_samples
+        if obs.osl_samples:
+            self._osl_samples = obs.osl_samples[:: max(1, len(obs.osl_samples) // OSL_SAMPLES)]
         if not math.isnan(obs.isl.mean):
             self._last_isl = obs.isl.mean
         if not math.isnan(obs.osl.mean):
@@ -253,7 +274,10 @@ class SlaMode:
         # with the interference model, a handful of stragglers (a burst's tail finishing in
         # a quiet interval) saw the prompts of earlier intervals, not this one's rate
         stragglers = self._interference and obs.completions < MIN_INTERFERENCE_SAMPLES
-        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx) and not stragglers:
+        stragglers = stragglers or (self._requests and obs.completions < MIN_INTERFERENCE_SAMPLES)
+        if self._requests and ready_d > 0 and not math.isnan(itl_obs) and not stragglers:
+            self._correct_itl_per_request(obs, lam / ready_d, itl_obs, diag)
+        elif ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx) and not stragglers:
             running = obs.role(self._decode).running_mean
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
@@ -267,7 +291,16 @@ class SlaMode:
                 diag["observed_prefill_share"] = 1.0 - share
             self.d_correction = self._learn(self.d_correction, itl_obs / expected)
             diag["expected_itl_ms"] = expected
-        if ready_p > 0 and not math.isnan(ttft_obs):
+        if ready_p > 0 and not math.isnan(ttft_obs) and self._step_ttft:
+            running = obs.role(self._decode).running_mean
+            decodes = None if math.isnan(running) else running / ready_p
+            model = self._step_model(lam / ready_p, obs.isl.mean, obs.osl.mean, decodes)
+            expected = self._model_stat(model)
+            if math.isfinite(expected) and expected > 0:
+                self.p_correction = self._learn(self.p_correction, ttft_obs / expected)
+                diag["expected_ttft_ms"] = expected
+                diag["ttft_wait_ms"] = model.regime.wait_ms
+        elif ready_p > 0 and not math.isnan(ttft_obs):
             samples = self._service_samples(obs.isl.mean, correction=1.0)
             decode_load = 0.0
             if self._agg:
@@ -278,6 +311,50 @@ class SlaMode:
             if math.isfinite(expected) and expected > 0:
                 self.p_correction = self._learn(self.p_correction, ttft_obs / expected)
                 diag["expected_ttft_ms"] = expected
+
+    def _correct_itl_per_request(
+        self, obs: Observation, rate: float, itl_obs: float, diag: dict[str, float]
+    ) -> None:
+        """`request-target`: the ITL factor compares the observed statistic with the
+        per-request model's (`agg_itl`) at the interval's rate, decodes and answers."""
+        running = obs.role(self._decode).running_mean
+        ready = obs.replicas_of(self._decode).ready
+        decodes = None if math.isnan(running) else running / ready
+        model = self._step_model(rate, obs.isl.mean, obs.osl.mean, decodes)
+        reg = model.regime
+        if not reg.stable or not obs.osl_samples:
+            return
+        if self._q is None:
+            expected = reg.mean_step_ms
+        else:
+            steps = agg_itl.DecodeSteps(reg.itl_ms, reg.rho, rate, model.works_ms)
+            expected = agg_itl.quantile(steps, self._q, obs.osl_samples)
+        if math.isfinite(expected) and expected > 0:
+            self.d_correction = self._learn(self.d_correction, itl_obs / expected)
+            diag["expected_itl_ms"] = expected
+
+    def _request_share(self, rate: float, isl: float, osl: float) -> float:
+        """`request-target`: the model's share of requests within both goals at `rate`
+        prompts/s per replica (TTFT and ITL taken as independent), each goal over its
+        correction factor."""
+        model = self._step_model(rate, isl, osl)
+        reg = model.regime
+        if not reg.stable:
+            return 0.0
+        ttft = model.share_within(self._ttft_goal / self.p_correction)
+        osls = self._osl_lengths(osl)
+        if not osls:
+            return ttft
+        steps = agg_itl.DecodeSteps(reg.itl_ms, reg.rho, rate, model.works_ms)
+        itl = agg_itl.share(steps, self._itl_goal / self.d_correction, osls)
+        return ttft * itl
+
+    def _osl_lengths(self, osl: float) -> list[float]:
+        """The remembered answer lengths rescaled to the forecast mean `osl`."""
+        if not self._osl_samples or not osl > 0:
+            return []
+        scale = osl / _mean(self._osl_samples)
+        return [o * scale for o in self._osl_samples]
 
     def _learn(self, old: float, measured: float) -> float:
         """The smoothed factor; with `correction-fast-rise`, a measurement above it is
@@ -345,10 +422,12 @@ class SlaMode:
                     )
                     return found[0], found[1]
 
-            n, d_n = self._aggregated(lam, samples, a, d_need, decode_at)
+            n, d_n = self._aggregated(lam, samples, a, d_need, decode_at, pred)
             if decode_at is not None:
                 share = self._decode_share(lam, pred.isl, pred.osl, max(n, 1))
                 diag |= {"decode_load": d_n, "prefill_itl_share": 1.0 - share}
+            if self._requests and n > 0:
+                diag["request_share"] = self._request_share(lam / n, pred.isl, pred.osl)
             return {Role.AGGREGATED: max(n, floor)}, {Role.AGGREGATED: a + d_n}, notes
         if self._x.queue_aware_prefill:
             n_p = self._queue_replicas(lam, samples)
@@ -410,6 +489,51 @@ class SlaMode:
         step = self._profile.decode.itl(0.0, context) / 1000.0
         return _mean([max(0.0, s - step) for s in samples])
 
+    def _lengths(self, isl: float) -> list[float]:
+        """Uncached prompt lengths of the prompts to come: the sampled lengths rescaled
+        to the mean `isl` (the mean alone without samples), less the cached share."""
+        uncached = 1.0 - self._cache_share
+        if not self._isl_samples:
+            return [isl * uncached]
+        scale = isl / _mean(self._isl_samples)
+        return [s * scale * uncached for s in self._isl_samples]
+
+    def _step_model(
+        self, rate: float, isl: float, osl: float, decodes: float | None = None
+    ) -> AggregatedTtft:
+        """`aggregated-ttft`: one replica's TTFT distribution at `rate` prompts/s
+        (`agg_ttft.py`), over the sampled prompt lengths whatever
+        `distribution-aware-prefill` says (the spread of lengths is the p90's main term)."""
+        if not isl > 0:
+            return aggregated_ttft(self._profile, 0.0, [], 0.0, 0.0)
+        osl = osl if osl > 0 else 0.0
+        return aggregated_ttft(
+            self._profile,
+            rate,
+            self._lengths(isl),
+            osl,
+            isl + osl / 2,
+            self._x.max_num_batched_tokens,
+            decodes,
+        )
+
+    def _step_ttft_met(self, rate: float, isl: float, osl: float) -> bool:
+        """The step model's TTFT at `rate` prompts/s per replica, x the correction,
+        within the goal; when the prompts' own steps alone break it (no count helps),
+        a wait within MIN_WAIT_SHARE of it, as the queue rule."""
+        model = self._step_model(rate, isl, osl)
+        if not model.regime.stable:
+            return False
+        goal = self._ttft_goal
+        c = self.p_correction
+        return c * self._model_stat(model) <= goal or c * model.regime.wait_ms <= (
+            MIN_WAIT_SHARE * goal
+        )
+
+    def _model_stat(self, model: AggregatedTtft) -> float:
+        """The model's TTFT at the SLA statistic (ms)."""
+        return model.mean() if self._q is None else model.quantile(self._q)
+
     def _service_samples(self, isl: float, correction: float) -> list[float]:
         """Prefill service times (s) of the prompts to come: the sampled prompt lengths
         rescaled to the forecast mean, uncached share only, × the correction."""
@@ -463,13 +587,15 @@ class SlaMode:
         a: float,
         d_need: float,
         decode_at: Callable[[int], tuple[float, bool]] | None = None,
+        pred: PredictedLoad | None = None,
     ) -> tuple[int, float]:
         """Replicas for a pool whose replicas both prefill and decode, and the decode
         load at that count: N replicas give prefill 1 - D/N of their time, which
         stretches each prefill by N/(N - D). `decode_at(N)` (prefill interference): the
         decode load and whether its ITL target is met at N; a count whose target is not
         met, or whose load does not fit, is passed over (none up to the search's end:
-        the answer without interference)."""
+        the answer without interference). With `aggregated-ttft` the TTFT test is the
+        step model's at `pred`'s prompt and answer lengths (`_step_ttft_met`)."""
         if lam <= 0:
             return 0, d_need
         queue = self._x.queue_aware_prefill and bool(samples)
@@ -480,8 +606,22 @@ class SlaMode:
         if decode_at is None and not queue:
             return n, d_need
         sla = self._ttft_goal / 1000
+        target = 0.0
+        if self._requests and pred is not None:
+            # no count does better than no load: when that misses the target, aim at it
+            # less half the target's miss budget (the search would otherwise size the cap)
+            x = self._x.request_target
+            target = min(x, self._request_share(1e-9, pred.isl, pred.osl) - (1 - x) / 2)
         for _ in range(MAX_SEARCH):
             d_n = d_need
+            if self._requests and pred is not None:
+                if decode_at is not None:
+                    d_n = decode_at(n)[0]
+                fits = a + d_n < n if queue else a + d_n <= n + 1e-9
+                if fits and self._request_share(lam / n, pred.isl, pred.osl) >= target:
+                    return n, d_n
+                n += 1
+                continue
             if decode_at is not None:
                 d_n, met = decode_at(n)
                 fits = a + d_n < n if queue else a + d_n <= n + 1e-9
@@ -490,6 +630,11 @@ class SlaMode:
                     continue
                 if not queue:
                     return n, d_n
+            if self._step_ttft and pred is not None:
+                if self._step_ttft_met(lam / n, pred.isl, pred.osl):
+                    return n, d_n
+                n += 1
+                continue
             share = 1.0 - d_n / n
             mean_s, svc_q, scv = self._queue_params([x / share for x in samples])
             budget = max(sla - svc_q, MIN_WAIT_SHARE * sla)
@@ -502,7 +647,7 @@ class SlaMode:
                 return n, d_n
             n += 1
         if decode_at is not None:
-            return self._aggregated(lam, samples, a, d_need)
+            return self._aggregated(lam, samples, a, d_need, pred=pred)
         return n, d_need
 
     # -- 10. emergency scale-up ----------------------------------------------------------

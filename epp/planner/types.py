@@ -132,7 +132,9 @@ class Observation:
     `itl_ms_by_request` is aligned with `ttft_ms_samples` (NaN for a one-token answer,
     which has no ITL), so a policy can count the requests that met *both* SLAs: the
     share the SLA promises per request (`attainment.py`), which no percentile of either
-    quantity alone gives.
+    quantity alone gives. `osl_samples` (aligned with them too) are the completed
+    requests' output lengths: a request's ITL depends on how many steps it averages
+    over (`agg_itl.py`).
     """
 
     start: float
@@ -150,6 +152,7 @@ class Observation:
     ttft_ms_samples: tuple[float, ...] = ()
     itl_ms_samples: tuple[float, ...] = ()
     itl_ms_by_request: tuple[float, ...] = ()
+    osl_samples: tuple[int, ...] = ()
     roles: Mapping[Role, RoleLoad] = field(default_factory=dict)
     replicas: Mapping[Role, Replicas] = field(default_factory=dict)
     endpoints: tuple[EndpointLoad, ...] = ()

@@ -98,6 +98,17 @@ def test_null_budget_means_no_bound():
             "adjustment-interval: 5\nmetric-pulling-interval: 10",
             "metric-pulling-interval: 10.0 s is longer than the adjustment interval 5.0 s",
         ),
+        ("aggregated-ttft: maybe", "aggregated-ttft: must be a boolean, got 'maybe'"),
+        ("max-num-batched-tokens: 0", "max-num-batched-tokens: must be at least 1; got 0"),
+        ("request-target: 1", "request-target: must be at most 0.9999; got 1"),
+        (
+            "request-target: 0.99",
+            "request-target: 0.99 needs the aggregated pool's models: set aggregated-ttft: true",
+        ),
+        (
+            "request-target: 0.99\naggregated-ttft: true\npool: disaggregated",
+            "request-target: 0.99 needs the aggregated pool's models",
+        ),
         ("- a list", "the planner file must be a map of settings"),
         ("mode: [", "line 1"),
     ],
