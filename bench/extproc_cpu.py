@@ -16,6 +16,11 @@ Windows rotate over the servers, `--rounds` times; medians.
     .venv/bin/python bench/extproc_cpu.py [--seconds 5] [--rounds 3] [--concurrency 16]
     .venv/bin/python bench/extproc_cpu.py --baseline /work/main      # old vs new, one run
     .venv/bin/python bench/extproc_cpu.py --epp-arg=--refresh-metrics-interval=1
+    .venv/bin/python bench/extproc_cpu.py --rate 800   # the same offered load to each
+
+`--rate` paces the client (that many request starts per second across its streams) so
+every server sees the same load: as fast as each answers, a slower server gets fewer
+requests per loop turn, and fixed costs per wake-up would weigh more on it.
 
 What it leaves out: Envoy, HTTP, the upstream; the gRPC/HTTP2 work is the same as behind
 Envoy (one stream per request, two messages each way).

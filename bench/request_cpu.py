@@ -20,6 +20,11 @@ streams on one asyncio loop, the servicer's loop, body deadline and message disp
 included (what the gRPC layer adds on top, the same for the minimal servicer, is not).
 
     .venv/bin/python bench/request_cpu.py --instructions --baseline /tmp/main [--servicer]
+
+`--spread` first leaves the prompt cached on every endpoint (`spread_prompt`), as it is in
+`epp serve` under `bench/extproc_cpu.py`'s 16 concurrent streams; without it one request
+at a time keeps the prompt on one endpoint, and the prefix plugins have one match to
+handle instead of eight.
 """
 
 from __future__ import annotations

@@ -88,10 +88,10 @@ _CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
 def adder(child: Any) -> Callable[[float], None]:
     """`add(x)`: what `child.inc(x)` does for a labelled counter or gauge child (x >= 0
     for a counter), in one call. `inc` first checks the child has its label values (a
-    resolved child always has) through two more Python calls, ~3k instructions per
-    request for the director's four updates (issue 13 §6); the value's own `inc` keeps
-    prometheus_client's lock and its multiprocess mode. A child without that value
-    object (another client version) gets its `inc`."""
+    resolved child always has) through two more Python calls: eight per request for the
+    director's four updates (issue 13 §6, docs/BENCHMARKS.md "Fifth pass"). The value's
+    own `inc` keeps prometheus_client's lock and its multiprocess mode. A child without
+    that value object (another client version) gets its `inc`."""
     value = getattr(child, "_value", None)
     inc = getattr(value, "inc", None)
     return inc if callable(inc) else child.inc
