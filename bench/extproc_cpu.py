@@ -16,6 +16,11 @@ Windows rotate over the servers, `--rounds` times; medians.
     .venv/bin/python bench/extproc_cpu.py [--seconds 5] [--rounds 3] [--concurrency 16]
     .venv/bin/python bench/extproc_cpu.py --baseline /work/main      # old vs new, one run
     .venv/bin/python bench/extproc_cpu.py --epp-arg=--refresh-metrics-interval=1
+    .venv/bin/python bench/extproc_cpu.py --rate 800   # the same offered load to each
+
+`--rate` paces the client (that many request starts per second across its streams) so
+every server sees the same load: as fast as each answers, a slower server gets fewer
+requests per loop turn, and fixed costs per wake-up would weigh more on it.
 
 What it leaves out: Envoy, HTTP, the upstream; the gRPC/HTTP2 work is the same as behind
 Envoy (one stream per request, two messages each way).
@@ -102,7 +107,14 @@ def _response_messages(chunks: int) -> list:
 
 
 async def _client(
-    port: int, concurrency: int, warmup: float, seconds: float, pid: int, path: str, chunks: int
+    port: int,
+    concurrency: int,
+    warmup: float,
+    seconds: float,
+    pid: int,
+    path: str,
+    chunks: int,
+    rate: float = 0.0,
 ) -> dict:
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -113,6 +125,17 @@ async def _client(
     raw = _messages()
     response = _response_messages(chunks) if path != "none" else []
     state = {"measuring": False, "running": True, "done": 0, "errors": 0, "first": ""}
+    loop = asyncio.get_running_loop()
+    next_start = [loop.time()]  # --rate: the next request's slot, shared by the workers
+
+    async def pace() -> None:
+        """Wait for this request's slot: `rate` starts per second across all workers."""
+        now = loop.time()
+        slot = next_start[0] = max(next_start[0], now)
+        next_start[0] += 1 / rate
+        if slot > now:
+            await asyncio.sleep(slot - now)
+
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
 
@@ -151,6 +174,8 @@ async def _client(
 
         async def worker() -> None:
             while state["running"]:
+                if rate:
+                    await pace()
                 try:
                     await one()
                 except Exception as e:  # counted; the first one is reported
@@ -192,9 +217,10 @@ def client_main(argv: Sequence[str]) -> None:
     ap.add_argument("--seconds", type=float, required=True)
     ap.add_argument("--path", choices=("none", "on", "observer"), default="none")
     ap.add_argument("--chunks", type=int, default=0)
+    ap.add_argument("--rate", type=float, default=0.0)
     a = ap.parse_args(argv)
     result = asyncio.run(
-        _client(a.port, a.concurrency, a.warmup, a.seconds, a.pid, a.path, a.chunks)
+        _client(a.port, a.concurrency, a.warmup, a.seconds, a.pid, a.path, a.chunks, a.rate)
     )
     print(json.dumps(result), flush=True)
 
@@ -207,7 +233,7 @@ def window(port: int, pid: int, args: argparse.Namespace, path: str = "none") ->
         sys.executable, __file__, "_client", "--port", str(port), "--pid", str(pid),
         "--concurrency", str(args.concurrency), "--warmup", str(args.warmup),
         "--seconds", str(args.seconds), "--path", path,
-        "--chunks", str(args.response_chunks),
+        "--chunks", str(args.response_chunks), "--rate", str(args.rate),
     ]  # fmt: skip
     out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -270,6 +296,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        metavar="REQ_PER_S",
+        help="offer this many requests per second to every server (default: as fast as "
+        "each answers); the same rate for all compares them at the same batching",
+    )
     ap.add_argument("--baseline", type=Path, action="append", default=[], metavar="CHECKOUT")
     ap.add_argument("--epp-arg", action="append", default=[], metavar="FLAG")
     ap.add_argument("--py-spy", metavar="BIN", help="then profile each server under load")
@@ -285,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.response_chunks < 0:
         ap.error("--response-chunks must be >= 0")
+    if args.rate < 0:
+        ap.error("--rate must be >= 0 requests per second (0: as fast as each server answers)")
     started = time.monotonic()
     with ProcessGroup() as pg:
         _, hostports = start_sims(pg, SIM_ARGS)

@@ -20,6 +20,11 @@ streams on one asyncio loop, the servicer's loop, body deadline and message disp
 included (what the gRPC layer adds on top, the same for the minimal servicer, is not).
 
     .venv/bin/python bench/request_cpu.py --instructions --baseline /tmp/main [--servicer]
+
+`--spread` first leaves the prompt cached on every endpoint (`spread_prompt`), as it is in
+`epp serve` under `bench/extproc_cpu.py`'s 16 concurrent streams; without it one request
+at a time keeps the prompt on one endpoint, and the prefix plugins have one match to
+handle instead of eight.
 """
 
 from __future__ import annotations
@@ -91,7 +96,9 @@ def messages(extra: dict[str, str] | None = None, body: bytes = BODY) -> list[by
     return [first.SerializeToString(), last.SerializeToString()]
 
 
-def build(n: int, config: Path | None = None) -> Director:
+def build(n: int, config: Path | None = None, spread: bool = False) -> Director:
+    """The director over `n` endpoints; with `spread`, the prompt already cached on every
+    one (`spread_prompt`)."""
     rng = random.Random(0)
     ds = Datastore(staleness=1e9)
     ds.set_endpoints([Endpoint(f"sim-{i}", "127.0.0.1", 30000 + i) for i in range(n)])
@@ -104,7 +111,26 @@ def build(n: int, config: Path | None = None) -> Director:
         cfg = load_default_config(handle, registry)
     else:
         cfg = load_config_file(config, handle, registry)
-    return Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
+    director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
+    if spread:
+        spread_prompt(director)
+    return director
+
+
+def spread_prompt(director: Director, held: int = 256) -> None:
+    """Route `held` requests and only then end them: the in-flight load on the endpoint
+    holding the prompt opens the affinity filter's gate, so the prompt ends up cached on
+    every endpoint. That is the index `epp serve` has under `bench/extproc_cpu.py`'s 16
+    concurrent streams (every endpoint matches the prompt), where one request at a time
+    keeps it on one endpoint (one match: less work per request than in the server)."""
+    streams = []
+    for _ in range(held):
+        stream = RequestStream(director, 32 << 20)
+        for data in messages():
+            stream.handle(pb.ProcessingRequest.FromString(data))
+        streams.append(stream)
+    for stream in streams:
+        stream.close()
 
 
 def measure(
@@ -113,8 +139,9 @@ def measure(
     batches: int,
     config: Path | None = None,
     extra: dict[str, str] | None = None,
+    spread: bool = False,
 ) -> dict[str, float]:
-    director = build(n, config)
+    director = build(n, config, spread)
     raw = messages(extra)
     per_batch = []
     for b in range(batches + 1):
@@ -129,7 +156,7 @@ def measure(
     return {"endpoints": n, "cpu_us_per_request": statistics.median(per_batch) * 1e6}
 
 
-def servicer_runner(n: int) -> Callable[[int], None]:
+def servicer_runner(n: int, spread: bool = False) -> Callable[[int], None]:
     """`run(count)`: `count` requests through `ExtProcServicer.Process`, 16 concurrent
     streams on one loop (kept across calls), each fed the two messages with a loop turn
     before each, as gRPC's receiver would."""
@@ -137,7 +164,7 @@ def servicer_runner(n: int) -> Callable[[int], None]:
 
     from epp.extproc.server import ExtProcServicer
 
-    servicer = ExtProcServicer(build(n))
+    servicer = ExtProcServicer(build(n, spread=spread))
     raw = messages()
     loop = asyncio.new_event_loop()
 
@@ -160,9 +187,9 @@ def servicer_runner(n: int) -> Callable[[int], None]:
     return lambda count: loop.run_until_complete(run(count))
 
 
-def measure_servicer(n: int, requests: int, batches: int) -> dict[str, float]:
+def measure_servicer(n: int, requests: int, batches: int, spread: bool = False) -> dict[str, float]:
     """`measure` through `ExtProcServicer.Process` (`servicer_runner`)."""
-    run = servicer_runner(n)
+    run = servicer_runner(n, spread)
     per_batch = []
     for b in range(batches + 1):
         c0 = time.thread_time()
@@ -185,6 +212,7 @@ def instructions(checkout: Path | None, args: argparse.Namespace) -> float:
             f"--callgrind-out-file={out}", sys.executable, str(Path(__file__).resolve()),
             "--_callgrind-child", "--endpoints", str(args.endpoints),
             "--requests", str(args.requests), *(["--servicer"] if args.servicer else []),
+            *(["--spread"] if args.spread else []),
         ]  # fmt: skip
         subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True)
         [dump] = [p for p in Path(tmp).iterdir() if p.name != out.name]  # the -d dump
@@ -197,9 +225,9 @@ def callgrind_child(args: argparse.Namespace) -> None:
     toggle = ["callgrind_control", "-i", "on", str(os.getpid())]
     dump = ["callgrind_control", "-d", str(os.getpid())]
     if args.servicer:
-        run = servicer_runner(args.endpoints)
+        run = servicer_runner(args.endpoints, args.spread)
     else:
-        director, raw = build(args.endpoints), messages()
+        director, raw = build(args.endpoints, spread=args.spread), messages()
 
         def run(count: int) -> None:
             for _ in range(count):
@@ -224,7 +252,7 @@ def child(checkout: Path | None, args: argparse.Namespace) -> float:
     argv = [
         sys.executable, str(Path(__file__).resolve()), "--json", "--endpoints",
         str(args.endpoints), "--requests", str(args.requests), "--batches", str(args.batches),
-        *(["--servicer"] if args.servicer else []),
+        *(["--servicer"] if args.servicer else []), *(["--spread"] if args.spread else []),
     ]  # fmt: skip
     out = subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["cpu_us_per_request"]
@@ -240,6 +268,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--instructions", action="store_true", help="count instructions (callgrind)")
     ap.add_argument("--servicer", action="store_true", help="drive ExtProcServicer.Process")
+    ap.add_argument(
+        "--spread",
+        action="store_true",
+        help="the prompt cached on every endpoint first, as in epp serve under concurrent load",
+    )
     ap.add_argument(
         "--_callgrind-child", dest="callgrind_child", action="store_true", help=argparse.SUPPRESS
     )
@@ -267,9 +300,11 @@ def main() -> None:
             print(f"{instructions(None, args):,.0f} instructions per request")
             return
         if args.servicer:
-            r = measure_servicer(args.endpoints, args.requests, args.batches)
+            r = measure_servicer(args.endpoints, args.requests, args.batches, args.spread)
         else:
-            r = measure(args.endpoints, args.requests, args.batches, args.config, extra)
+            r = measure(
+                args.endpoints, args.requests, args.batches, args.config, extra, args.spread
+            )
         print(json.dumps(r) if args.json else f"{r['cpu_us_per_request']:.1f} µs CPU per request")
         return
     got: dict[str, list[float]] = {"before": [], "after": []}

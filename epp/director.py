@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from epp.admission import Admission
 from epp.datastore import Datastore, EndpointSnapshot
@@ -26,6 +26,7 @@ from epp.observability import (
     REQUESTS_TOTAL,
     RUNNING_REQUESTS,
     SCHEDULER_ATTEMPTS,
+    adder,
     labelled,
     model_label,
     plugin_timer,
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
 
 log = logging.getLogger("epp.director")
+
+Adder = Callable[[float], None]  # a metric child's `inc` (epp.observability.adder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,8 @@ class Director:
         # Called with (request, result) after each successful pick (the status page's
         # ring of recent decisions, epp/status/ring.py). Must be quick: no copying here.
         self.decision_sinks: list[Callable[[InferenceRequest, SchedulingResult], None]] = []
-        self._children: dict[tuple[str, str, str, int, int], tuple[Any, Any, Any]] = {}
+        self._adders: dict[tuple[str, str, str, int, int], tuple[Adder, Adder, Adder]] = {}
+        self._running: dict[str, Adder] = {}  # model label → the running-requests gauge
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -232,11 +236,11 @@ class Director:
             labelled(REQUEST_ERRORS, model, target, str(e.status)).inc()
             raise
         primary = result.primary.targets[0]
-        attempts, requests, running = self._success_children(
-            model, target, primary.name, primary.endpoint.port, priority
+        add_attempt, add_request, add_running = self._success_adders(
+            model, target, primary.endpoint.name, primary.endpoint.port, priority
         )
-        attempts.inc()
-        requests.inc()
+        add_attempt(1)
+        add_request(1)
         decision = RoutingDecision(
             destinations=[t.hostport for t in result.primary.targets],
             headers=dict(result.headers),
@@ -244,7 +248,7 @@ class Director:
             labels=(model, target),
         )
         self._hold(decision, request, result)
-        running.inc()
+        add_running(1)
         for sink in self.admission_sinks:
             sink(request.prompt_tokens_estimate)
         for plugin, timer in zip(self.pre_request, self._pre_timers, strict=True):
@@ -258,22 +262,27 @@ class Director:
             decision_sink(request, result)
         return decision
 
-    def _success_children(
+    def _success_adders(
         self, model: str, target: str, pod: str, port: int, priority: int
-    ) -> tuple[Any, Any, Any]:
-        """A routed request's three metric children (scheduling attempts, requests,
-        running requests), found with one dict lookup per request instead of three
-        `labelled` calls and two `str()`s. Bounded as `labelled`'s: model labels go
+    ) -> tuple[Adder, Adder, Adder]:
+        """A routed request's three metric updates (scheduling attempts, requests,
+        running requests) as `adder`s, found with one dict lookup per request instead of
+        three `labelled` calls and two `str()`s. Bounded as `labelled`'s: model labels go
         through `model_label`, pods are the pool's."""
         key = (model, target, pod, port, priority)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (
-                labelled(SCHEDULER_ATTEMPTS, "success", target, pod, self.namespace, str(port)),
-                labelled(REQUESTS_TOTAL, model, target, str(priority)),
-                labelled(RUNNING_REQUESTS, model),
+        adders = self._adders.get(key)
+        if adders is None:
+            running = self._running.get(model)
+            if running is None:
+                running = self._running[model] = adder(labelled(RUNNING_REQUESTS, model))
+            adders = self._adders[key] = (
+                adder(
+                    labelled(SCHEDULER_ATTEMPTS, "success", target, pod, self.namespace, str(port))
+                ),
+                adder(labelled(REQUESTS_TOTAL, model, target, str(priority))),
+                running,
             )
-        return children
+        return adders
 
     def route_bodyless(
         self, request: InferenceRequest, subset: Sequence[str] | None
@@ -299,7 +308,7 @@ class Director:
         cached: CachedPrompt | None = result.cycle_state.read(PREFIX_MATCH_KEY)
         for res in result.profile_results.values():
             if isinstance(res, ProfileResult) and res.targets:
-                name = res.targets[0].name
+                name = res.targets[0].endpoint.name
                 hit = cached.cached_tokens(name) if cached is not None else 0
                 uncached = max(0, prompt - hit)
                 ticket = self.datastore.acquire(name, uncached, output)
@@ -319,7 +328,11 @@ class Director:
             return
         decision.released = True
         if decision.labels is not None:
-            labelled(RUNNING_REQUESTS, decision.labels[0]).dec()
+            model = decision.labels[0]
+            running = self._running.get(model)  # set by `_success_adders` at routing
+            if running is None:  # a decision routed elsewhere (another director)
+                running = self._running[model] = adder(labelled(RUNNING_REQUESTS, model))
+            running(-1)
         prompt_done = decision.prefill_released
         for hold in decision.held:
             prompt = 0 if prompt_done else hold.prompt_tokens

@@ -69,6 +69,8 @@ class LoopHistogram(Collector):
         # any observation, as prometheus_client's histograms do) and `observe` goes to it
         # directly: no `labels()` call per observation.
         self._unlabelled = None if self.labelnames else self.labels()
+        if self._unlabelled is not None:  # `observe` is the child's: one call, not two
+            self.observe = self._unlabelled.observe  # type: ignore[method-assign]
         if registry is not None:
             registry.register(self)
 

@@ -85,6 +85,18 @@ def plugin_timer(extension_point: str, plugin: object):
 _CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
 
 
+def adder(child: Any) -> Callable[[float], None]:
+    """`add(x)`: what `child.inc(x)` does for a labelled counter or gauge child (x >= 0
+    for a counter), in one call. `inc` first checks the child has its label values (a
+    resolved child always has) through two more Python calls: eight per request for the
+    director's four updates (issue 13 §6, docs/BENCHMARKS.md "Fifth pass"). The value's
+    own `inc` keeps prometheus_client's lock and its multiprocess mode. A child without
+    that value object (another client version) gets its `inc`."""
+    value = getattr(child, "_value", None)
+    inc = getattr(value, "inc", None)
+    return inc if callable(inc) else child.inc
+
+
 def labelled(metric: Any, *values: str) -> Any:
     """`metric.labels(*values)`, resolved once per label set and kept: `labels()` builds
     and checks a tuple and takes a lock on every call, and the director needs four

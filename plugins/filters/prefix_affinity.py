@@ -214,7 +214,9 @@ class PrefixCacheAffinityFilter(Plugin):
         # on tokens: x / peak * 1000 is monotonic, so the least load is the least TTFT,
         # bit for bit (issue 13 §6: 1,000 candidates per request).
         if prompt > 0:
-            own = placement_tokens(info, prompt, [e.name for e in endpoints], self.eviction)
+            own = placement_tokens(
+                info, prompt, [e.endpoint.name for e in endpoints], self.eviction
+            )
         else:
             own = [0] * len(endpoints)
         if self.live:

@@ -105,9 +105,11 @@ def first_targets(result: SchedulingResult) -> list[EndpointSnapshot]:
         *(r for n, r in result.profile_results.items() if n != result.primary_profile),
     ]
     for r in ordered:
-        if r is not None and r.targets and r.targets[0].name not in seen:
-            seen.add(r.targets[0].name)
-            out.append(r.targets[0])
+        if r is not None and r.targets:
+            first = r.targets[0]
+            if (name := first.endpoint.name) not in seen:
+                seen.add(name)
+                out.append(first)
     return out
 
 
@@ -211,7 +213,7 @@ class ApproxPrefixCacheProducer(Plugin):
             self.index.add(snap.name, hashes, self._capacity(snap))
         self._publish_size()
         # Upstream records the primary target's match (GIE plugin.go PreRequest).
-        matched = info.cached_blocks.get(targets[0].name, 0)
+        matched = info.cached_blocks.get(targets[0].endpoint.name, 0)
         metrics.HIT_RATIO.observe(matched / info.total_blocks)
         metrics.HIT_BYTES.observe(matched * self.block_chars(info.block_size_tokens))
 

@@ -57,9 +57,13 @@ class PrefixMatchInfo:
     def names_scoring_at_least(self, threshold: float) -> frozenset[str]:
         """The endpoints whose `score` is >= `threshold` (> 0): only matched ones can be,
         so a filter need not call `score` for each of 1,000 candidates."""
-        if self.total_blocks <= 0:
+        total = self.total_blocks
+        if total <= 0:
             return frozenset()
-        return frozenset(n for n in self.matched if self.score(n) >= threshold)
+        # `score` inlined (one call per matched endpoint per request): min(1, m / total)
+        return frozenset(
+            [n for n, m in self.matched.items() if (m / total if m < total else 1.0) >= threshold]
+        )
 
     def fill(self, endpoint_name: str) -> float:
         """One endpoint's `occupancy`, clamped to [0, 1]; 0 when the producer does not tell."""
@@ -91,7 +95,15 @@ def uncached_by_name(info: PrefixMatchInfo, prompt_tokens: int) -> dict[str, int
     """`uncached_prompt_tokens` for the endpoints with a match only; every other endpoint
     prefills the whole prompt, `max(0, prompt_tokens)`. For callers that fold the lookup
     into their own pass over 1,000 candidates (issue 13 §6)."""
-    return {n: max(0, prompt_tokens - info.cached_tokens(n)) for n in info.cached_blocks}
+    # `cached_tokens` inlined (one call per matched endpoint, up to 3 times per request)
+    size = info.block_size_tokens
+    if info.prompt_tokens > 0:
+        cap = (info.prompt_tokens - 1) // size  # the blocks before the prompt's last token
+        return {
+            n: max(0, prompt_tokens - (b if b < cap else cap) * size)
+            for n, b in info.cached_blocks.items()
+        }
+    return {n: max(0, prompt_tokens - b * size) for n, b in info.cached_blocks.items()}
 
 
 def uncached_prompt_tokens(

@@ -26,7 +26,8 @@ def scores_from(info: PrefixMatchInfo | None, endpoints: list[EndpointSnapshot])
     looked up for the rest: at 1,000 endpoints one method call each was measurable."""
     if info is None or info.total_blocks <= 0 or not info.matched:
         return [0.0] * len(endpoints)
-    by_name = {name: info.score(name) for name in info.matched}
+    total = info.total_blocks  # `info.score` inlined: min(1, matched / total)
+    by_name = {n: m / total if m < total else 1.0 for n, m in info.matched.items()}
     get = by_name.get
     return [get(e.endpoint.name, 0.0) for e in endpoints]
 

@@ -65,7 +65,10 @@ class TokenLoadScorer(Plugin):
             loads = [e.inflight_tokens + k * e.inflight_requests for e in endpoints]
         else:  # this request's uncached prompt there (`placement_tokens`)
             own = placement_tokens(
-                info, request.prompt_tokens_estimate, [e.name for e in endpoints], self.eviction
+                info,
+                request.prompt_tokens_estimate,
+                [e.endpoint.name for e in endpoints],  # not the `name` property: a call each
+                self.eviction,
             )
             loads = [
                 e.inflight_tokens + k * e.inflight_requests + u

@@ -201,3 +201,34 @@ def test_affinity_filter_and_token_load_equal_their_per_endpoint_formulas(signal
         ]
         assert scorer.score(state, req, pool) == by_formula  # exact
     assert outcomes == {"all", "sticky"}  # both branches of the gate were exercised
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_inlined_prefix_match_reads_equal_the_per_endpoint_calls(seed):
+    """`names_scoring_at_least`, `uncached_by_name` and the prefix scorer read the matches
+    without a `score`/`cached_tokens` call per endpoint: the same values as those calls,
+    with tier-weighted (float) and over-long matches, with and without a token count."""
+    from plugins.prefix.match_info import PrefixMatchInfo, uncached_by_name
+    from plugins.prefix.prefix_scorer import scores_from
+
+    rng = random.Random(seed)
+    total = rng.choice([1, 3, 7, 16])
+    names = [f"e{i}" for i in range(12)]
+    cached = {n: rng.randrange(0, total + 3) for n in names if rng.random() < 0.7}
+    matched = {n: b * rng.choice([1.0, 0.8, 1.25]) for n, b in cached.items()}
+    info = PrefixMatchInfo(
+        total_blocks=total,
+        block_size_tokens=rng.choice([1, 16, 32]),
+        matched=matched,
+        cached_blocks=cached,
+        prompt_tokens=rng.choice([0, 1, 17, 200, 5000]),
+    )
+    for threshold in (0.01, 0.5, 0.8, 1.0):
+        expect = frozenset(n for n in matched if info.score(n) >= threshold)
+        assert info.names_scoring_at_least(threshold) == expect
+    for prompt in (0, 5, 150, 4000):
+        assert uncached_by_name(info, prompt) == {
+            n: max(0, prompt - info.cached_tokens(n)) for n in cached
+        }
+    endpoints = snaps(14)  # e12, e13: no match at all
+    assert scores_from(info, endpoints) == [info.score(e.name) for e in endpoints]
