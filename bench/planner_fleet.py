@@ -176,6 +176,8 @@ def _oracle_words(by_startup: dict[float, dict[str, Any]]) -> str:
     words = [
         "p90 TTFT and ITL within in each interval"
         if t == "p90"
+        else f">= {float(t[4:]):.0%} of the run's requests within both, >= 95% per 5 minutes"
+        if str(t).startswith("run:")
         else f">= {float(t):.0%} of each interval's requests within both"
         for t in sorted(targets, key=str)
     ]

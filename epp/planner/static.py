@@ -158,18 +158,22 @@ class Sizer:
 
     def share_met(self, segment: Segment, replicas: int, sla: Sla) -> float:
         """The share of the segment's requests meeting both SLAs on `replicas` static
-        replicas (the replay `measure` makes; `outcome`'s per-request verdict, an
-        unanswered request a miss); 1.0 when the segment has none."""
+        replicas (`misses`); 1.0 when the segment has none."""
+        missed, judged = self.misses(segment, replicas, sla)
+        return 1.0 - missed / judged if judged else 1.0
+
+    def misses(self, segment: Segment, replicas: int, sla: Sla) -> tuple[int, int]:
+        """(requests missing either SLA, requests judged) of the segment on `replicas`
+        static replicas: the replay `measure` makes, each request judged as `outcome`
+        judges it (an unanswered one a miss)."""
         self.measure(segment, replicas)
         ttfts, itls = self._latencies[(segment.start, replicas)]
-        if not ttfts:
-            return 1.0
         met = sum(
             1
             for t, i in zip(ttfts, itls, strict=True)
             if t <= sla.ttft_ms and (math.isnan(i) or i <= sla.itl_ms)
         )
-        return met / len(ttfts)
+        return len(ttfts) - met, len(ttfts)
 
     def measured_sizes(self, segment: Segment) -> list[int]:
         """The pool sizes measured on the segment so far, ascending (a search can

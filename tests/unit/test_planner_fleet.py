@@ -254,7 +254,7 @@ def test_the_fleet_table_names_the_oracles_bar(tmp_path):
 
     new = tmp_path / "new.json"
     new.write_text(json.dumps(doc([row("static-peak", 6.8), row("oracle", 5.0)],
-                                  oracle_target=0.99)))  # fmt: skip
+                                  oracle_target="0.99")))  # fmt: skip
     old = tmp_path / "old.json"  # a file from before --oracle-target: the p90 oracle
     old.write_text(json.dumps(doc([row("oracle", 3.7)])))
     ((key, by_startup),) = fleet.merge([new]).items()
@@ -266,3 +266,9 @@ def test_the_fleet_table_names_the_oracles_bar(tmp_path):
         key, by_startup
     )
     assert "oracle sized" not in fleet.table(key, {100.0: {"run": doc([]), "policies": {}}})
+    spread = tmp_path / "run.json"
+    spread.write_text(json.dumps(doc([row("oracle", 4.0)], oracle_target="run:0.99")))
+    ((key, by_startup),) = fleet.merge([spread]).items()
+    assert "oracle sized at >= 99% of the run's requests within both" in fleet.table(
+        key, by_startup
+    )

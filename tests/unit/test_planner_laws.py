@@ -15,7 +15,16 @@ from epp.planner.laws.catalog import law_factories
 from epp.planner.laws.hpa import DEFAULT_BEHAVIOR, Hpa, desired_for_average
 from epp.planner.laws.keda_queue import KedaQueue, KedaQueueParams
 from epp.planner.laws.llmd_slo import BEHAVIOR, LlmdSlo, LlmdSloParams, law
-from epp.planner.laws.oracle import P90, Oracle, oracle_sizes, parse_target, smallest_passing
+from epp.planner.laws.oracle import (
+    DEFAULT_TARGET,
+    P90_TARGET,
+    Oracle,
+    OracleTarget,
+    oracle_sizes,
+    parse_target,
+    smallest_passing,
+    spread_misses,
+)
 from epp.planner.outcome import Sla
 from epp.planner.static import Segment, Sizer, counts_per_interval
 from epp.planner.types import Observation, Replicas, Role, RoleLoad, Stats
@@ -259,7 +268,7 @@ def test_oracle_sizes_at_p90_are_the_smallest_passing_per_interval():
     arrivals.sort(key=lambda a: a.t_s)
     sla = Sla(50.0, 2.5)
     sizer = Sizer(arrivals, shape())
-    sizes = oracle_sizes(sizer, sla, arrivals, 2.0, target=P90)
+    sizes = oracle_sizes(sizer, sla, arrivals, 2.0, target=P90_TARGET)
     counts = counts_per_interval(arrivals, 2.0)
     assert len(sizes) == len(counts) and max(sizes) > 1
 
@@ -287,7 +296,7 @@ def test_oracle_uses_no_more_gpu_hours_than_a_policy_meeting_the_sla_everywhere(
     setup = cmp.prepare(arrivals, s, 2.0, Sla(50.0, 2.5), sizer=sizer)
     factories = law_factories(
         ["oracle"], arrivals, sla=setup.sla, interval_s=2.0, shape=s, budget_gpus=None,
-        sizer=sizer, oracle_target=P90,
+        sizer=sizer, oracle_target=P90_TARGET,
     )  # fmt: skip
     peak, oracle = cmp.compare(arrivals, setup, factories, statics=["static-peak"])
     assert peak.summary.policy == "static-peak" and oracle.summary.policy == "oracle"
@@ -353,8 +362,8 @@ def test_the_request_bar_sizes_no_interval_below_the_p90_bar():
     assert all(a.osl >= 2 for a in arrivals)
     sla = Sla(50.0, 2.5)
     sizer = Sizer(arrivals, shape())
-    p90 = oracle_sizes(sizer, sla, arrivals, 2.0, target=P90)
-    bar = oracle_sizes(sizer, sla, arrivals, 2.0, target=0.99)
+    p90 = oracle_sizes(sizer, sla, arrivals, 2.0, target=P90_TARGET)
+    bar = oracle_sizes(sizer, sla, arrivals, 2.0, target=DEFAULT_TARGET)
     assert all(b >= p for b, p in zip(bar, p90, strict=True)), (bar, p90)
     assert bar != p90  # the two bars differ on this trace, so the check says something
     # and the implication itself, on every size either search measured
@@ -371,17 +380,67 @@ def test_the_request_oracle_run_keeps_more_requests_for_more_gpu_hours_than_the_
     sizer = Sizer(arrivals, s)
     setup = cmp.prepare(arrivals, s, 2.0, Sla(50.0, 2.5), sizer=sizer)
 
-    def oracle_run(target: float | str) -> cmp.Result:
+    def oracle_run(target: OracleTarget) -> cmp.Result:
         factories = law_factories(
             ["oracle"], arrivals, sla=setup.sla, interval_s=2.0, shape=s, budget_gpus=None,
             sizer=sizer, oracle_target=target,
         )  # fmt: skip
         return cmp.compare(arrivals, setup, factories, statics=[])[0]
 
-    p90, bar = oracle_run(P90), oracle_run(0.99)
+    p90, bar = oracle_run(P90_TARGET), oracle_run(DEFAULT_TARGET)
     assert bar.summary.gpu_hours > p90.summary.gpu_hours
     assert bar.summary.sla_requests > p90.summary.sla_requests
     assert bar.summary.lost == 0
+
+
+class Table:
+    """A sizer whose interval k misses `table[k][n]` of its 100 requests at n replicas."""
+
+    def __init__(self, table: list[dict[int, int]]) -> None:
+        self.table = table
+        self.asked: list[tuple[int, int]] = []
+
+    def misses(self, seg: Segment, n: int, sla: Sla) -> tuple[int, int]:
+        k = round(seg.start / 60.0)
+        self.asked.append((k, n))
+        return self.table[k][n], 100
+
+
+def three_minutes() -> list[Segment]:
+    return [Segment(60.0 * k, 60.0 * (k + 1), 100, "oracle") for k in range(3)]
+
+
+def test_spreading_takes_the_cheapest_replica_first_and_stops_at_the_runs_allowance():
+    # 300 requests, share 0.99: 3 misses allowed; at sizes [3, 3, 2] there is 1 (room 2).
+    # One replica fewer costs: interval 0 +1 (0 -> 1), interval 1 +2 (1 -> 3), interval 2
+    # +2 (0 -> 2). Take interval 0's (room 1); its next (1 -> 50: +49) and interval 1's
+    # (+2) do not fit: stop. The 5-minute window (all 3 intervals) allows 15: not binding.
+    t = Table([{3: 0, 2: 1, 1: 50}, {3: 1, 2: 3}, {2: 0, 1: 2}])
+    assert spread_misses(t, Sla(1, 1), three_minutes(), [3, 3, 2], 0.99, 60.0) == [2, 3, 2]
+
+
+def test_spreading_skips_a_step_the_window_cannot_afford_and_tries_the_next():
+    # share 0.5: the run allows 150 misses, the one window 5 % of 300 = 15. Costs: interval
+    # 1: +4 (3 -> 2), then +4 (2 -> 1, its floor); interval 2: +6; interval 0: +10.
+    # Take 4, 4, 6 (14 of 15); then interval 0's 10 and interval 2's next (+44) do not fit
+    # the window: skipped (the run's allowance would have taken them).
+    t = Table([{3: 0, 2: 10, 1: 100}, {3: 0, 2: 4, 1: 8}, {3: 0, 2: 6, 1: 50}])
+    assert spread_misses(t, Sla(1, 1), three_minutes(), [3, 3, 3], 0.5, 60.0) == [3, 1, 2]
+
+
+def test_the_run_bar_spends_misses_across_intervals_and_keeps_the_issues_bar():
+    arrivals = burst_trace()
+    sla = Sla(50.0, 2.5)
+    sizer = Sizer(arrivals, shape())
+    each = oracle_sizes(sizer, sla, arrivals, 2.0, target=DEFAULT_TARGET)
+    run = oracle_sizes(sizer, sla, arrivals, 2.0, target=parse_target("run:0.99"))
+    assert all(r <= e for r, e in zip(run, each, strict=True))
+    assert sum(run) < sum(each)  # on this trace some interval's last replica saves little
+    segs = segments(arrivals, 2.0)
+    missed = [sizer.misses(seg, n, sla) for seg, n in zip(segs, run, strict=True)]
+    assert sum(m for m, _ in missed) <= 0.01 * sum(j for _, j in missed)
+    # 300 s windows of 2 s intervals are longer than the trace: one window, the whole run,
+    # so the 1 % above is the binding allowance
 
 
 class Counting:
@@ -421,12 +480,17 @@ def test_smallest_passing_gives_the_cap_when_nothing_passes():
     assert smallest_passing(Counting(1000), 64, 64) == 64
 
 
-@pytest.mark.parametrize(("text", "want"), [("0.99", 0.99), ("1", 1.0), ("p90", P90), ("P90", P90)])
-def test_oracle_target_parses_a_share_or_p90(text, want):
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("0.99", DEFAULT_TARGET), ("1", OracleTarget("interval", 1.0)), ("p90", P90_TARGET),
+     ("P90", P90_TARGET), ("run:0.99", OracleTarget("run", 0.99))],
+)  # fmt: skip
+def test_oracle_target_parses_a_share_a_run_share_or_p90(text, want):
     assert parse_target(text) == want
+    assert parse_target(str(want)) == want  # the JSON's spelling reads back
 
 
-@pytest.mark.parametrize("text", ["0", "-0.5", "1.01", "nan", "p95", "", "99%"])
+@pytest.mark.parametrize("text", ["0", "-0.5", "1.01", "nan", "p95", "", "99%", "run:", "win:0.9"])
 def test_a_bad_oracle_target_names_the_flag(text):
     with pytest.raises(ValueError, match=r"^--oracle-target .*expected a share of requests"):
         parse_target(text)
