@@ -148,7 +148,8 @@ def pareto(key: tuple[str, float], by_startup: dict[float, dict[str, Any]], out:
         for name, p in by_startup[startup]["policies"].items()
     ]
     sla = next(iter(by_startup.values()))["run"]["sla"]
-    path = out / f"{Path(trace).stem}-x{scale:g}-pareto.png"
+    # the names docs/BENCHMARKS.md links: docs/planner_pareto_azure_llm_conv_2023_x3.png
+    path = out / f"planner_pareto_{Path(trace).stem.replace('-', '_')}_x{scale:g}.png"
     plot_pareto(path, points, title=f"{trace} x{scale:g}", sla=Sla(sla["ttft_ms"], sla["itl_ms"]))
     return path
 
