@@ -33,6 +33,7 @@ by construction; how large is what the search finds.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -138,20 +139,52 @@ class Sizer:
         self.shape = shape
         self.spares = spares or Spares()
         self._seen: dict[tuple[float, int], tuple[Stats, Stats]] = {}
+        # per judged request, the same replays: (TTFTs, ITLs) in ms, an unanswered
+        # request's TTFT infinite, a one-token answer's ITL NaN (`share_met`)
+        self._latencies: dict[tuple[float, int], tuple[array[float], array[float]]] = {}
 
     def measure(self, segment: Segment, replicas: int) -> tuple[Stats, Stats]:
         """p50/p90/p99 TTFT and ITL of the segment's requests on `replicas` static
         replicas (the interval before it replayed as warm-up, its requests not judged)."""
         key = (segment.start, replicas)
         if key not in self._seen:
-            self._seen[key] = self._measure(segment, replicas)
+            ttfts, itls = self._measure(segment, replicas)
+            self._latencies[key] = (ttfts, itls)
+            self._seen[key] = (
+                Stats.of(ttfts),
+                Stats.of([v for v in itls if not math.isnan(v)]),
+            )
         return self._seen[key]
 
-    def _measure(self, segment: Segment, replicas: int) -> tuple[Stats, Stats]:
+    def share_met(self, segment: Segment, replicas: int, sla: Sla) -> float:
+        """The share of the segment's requests meeting both SLAs on `replicas` static
+        replicas (`misses`); 1.0 when the segment has none."""
+        missed, judged = self.misses(segment, replicas, sla)
+        return 1.0 - missed / judged if judged else 1.0
+
+    def misses(self, segment: Segment, replicas: int, sla: Sla) -> tuple[int, int]:
+        """(requests missing either SLA, requests judged) of the segment on `replicas`
+        static replicas: the replay `measure` makes, each request judged as `outcome`
+        judges it (an unanswered one a miss)."""
+        self.measure(segment, replicas)
+        ttfts, itls = self._latencies[(segment.start, replicas)]
+        met = sum(
+            1
+            for t, i in zip(ttfts, itls, strict=True)
+            if t <= sla.ttft_ms and (math.isnan(i) or i <= sla.itl_ms)
+        )
+        return len(ttfts) - met, len(ttfts)
+
+    def measured_sizes(self, segment: Segment) -> list[int]:
+        """The pool sizes measured on the segment so far, ascending (a search can
+        bracket its answer with them at no cost)."""
+        return sorted(n for start, n in self._seen if start == segment.start)
+
+    def _measure(self, segment: Segment, replicas: int) -> tuple[array[float], array[float]]:
         warm = segment.start - (segment.end - segment.start)
         part = [a for a in self.arrivals if warm <= a.t_s < segment.end]
         if not part:
-            return Stats(), Stats()
+            return array("d"), array("d")
         t0 = part[0].t_s
         shifted = [_Shifted(a.t_s - t0, a.isl, a.osl, a.hash_ids) for a in part]
         length = segment.end - segment.start
@@ -164,10 +197,9 @@ class Sizer:
         # A pool too small for the segment is still serving its backlog when the replay
         # gives up: those requests count as never answered (an infinite TTFT), which
         # fails the SLA without simulating an overloaded pool's hour-long drain.
-        unanswered = [math.inf] * run.lost
-        ttft = Stats.of([s.ttft_ms for s in judged] + unanswered)
-        itl = Stats.of([s.itl_ms for s in judged if not math.isnan(s.itl_ms)])
-        return ttft, itl
+        ttfts = array("d", [s.ttft_ms for s in judged] + [math.inf] * run.lost)
+        itls = array("d", [s.itl_ms for s in judged] + [math.nan] * run.lost)
+        return ttfts, itls
 
     def smallest_for_all(self, sla: Sla, segments: Sequence[Segment]) -> Sizing:
         """The fewest replicas meeting `sla` on every segment: the largest of their
@@ -209,7 +241,7 @@ class Sizer:
         # same answer; starting from one skips the overloaded small pools, which are the
         # expensive measurements (a deep queue: 11 CPU-s at 8 replicas of Azure x20's
         # busiest minute against 3 at 16-32).
-        known = sorted(n for start, n in self._seen if start == segment.start)
+        known = self.measured_sizes(segment)
         lo = max([fails_at] + [n for n in known if not ok(n)])
         met = [n for n in known if n > lo and ok(n)]
         if met:

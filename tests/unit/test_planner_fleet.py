@@ -229,3 +229,46 @@ def test_the_pareto_title_names_the_per_request_sla():
 
     title = pareto_title("azure x3", Sla(420, 16))
     assert "per request TTFT <= 420 ms, ITL <= 16 ms" in title and "p90" not in title
+
+
+def test_the_fleet_table_names_the_oracles_bar(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "planner_fleet.py"
+    spec = importlib.util.spec_from_file_location("planner_fleet", path)
+    fleet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fleet)
+
+    def row(name: str, gpu_hours: float) -> dict:
+        return {"name": name, "gpu_hours": gpu_hours, "sla_requests": 0.99,
+                "sla_intervals": 1.0, "worst_5min_requests": 0.97, "actions": 0,
+                "reversals": 0, "lost": 0, "intervals_over_budget": 0,
+                "to_min_pool_s": None}  # fmt: skip
+
+    def doc(policies: list[dict], **extra) -> dict:
+        return {"trace": "t.csv", "rate_scale": 3.0, "requests": 10, "last_arrival_s": 600.0,
+                "policies": policies, "sla": {"ttft_ms": 420, "itl_ms": 16, "rule": "requests"},
+                "startup_s": 100.0, "static_peak_replicas": 7, "static_mean_replicas": 3,
+                "budget_gpus": 14} | extra  # fmt: skip
+
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(doc([row("static-peak", 6.8), row("oracle", 5.0)],
+                                  oracle_target="0.99")))  # fmt: skip
+    old = tmp_path / "old.json"  # a file from before --oracle-target: the p90 oracle
+    old.write_text(json.dumps(doc([row("oracle", 3.7)])))
+    ((key, by_startup),) = fleet.merge([new]).items()
+    assert "oracle sized at >= 99% of each interval's requests within both" in fleet.table(
+        key, by_startup
+    )
+    ((key, by_startup),) = fleet.merge([old]).items()
+    assert "oracle sized at p90 TTFT and ITL within in each interval" in fleet.table(
+        key, by_startup
+    )
+    assert "oracle sized" not in fleet.table(key, {100.0: {"run": doc([]), "policies": {}}})
+    spread = tmp_path / "run.json"
+    spread.write_text(json.dumps(doc([row("oracle", 4.0)], oracle_target="run:0.99")))
+    ((key, by_startup),) = fleet.merge([spread]).items()
+    assert "oracle sized at >= 99% of the run's requests within both" in fleet.table(
+        key, by_startup
+    )

@@ -296,6 +296,13 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
          "--policies selects what --compare runs"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
          ("--compare", "--policies", " , "), "--policies names no policy"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
+         ("--compare", "--oracle-target", "1.5"),
+         "--oracle-target '1.5': expected a share of requests in (0, 1], like 0.99"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
+         ("--compare", "--oracle-target", "p95"), "--oracle-target 'p95'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 5}\n',
+         ("--compare", "--oracle-target", "0"), "--oracle-target '0'"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, message):
@@ -356,8 +363,10 @@ def test_policies_selects_what_compare_runs(tmp_path, capsys):
         "--policies", "llm-d-slo,static-peak,oracle,keda-queue", "--json", str(out_json),
     )  # fmt: skip
     assert code == 0
-    names = [p["name"] for p in json.loads(out_json.read_text())["policies"]]
+    doc = json.loads(out_json.read_text())
+    names = [p["name"] for p in doc["policies"]]
     assert names == ["static-peak", "oracle", "keda-queue", "llm-d-slo"]  # ORDER, not argv
+    assert doc["oracle_target"] == "0.99"  # each interval's request bar unless told
 
 
 def test_bursty_writes_a_trace_the_replay_reads(tmp_path, capsys):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from epp.planner.laws.keda_queue import KedaQueue, KedaQueueParams
 from epp.planner.laws.llmd_slo import LlmdSlo, LlmdSloParams
-from epp.planner.laws.oracle import Oracle, oracle_sizes
+from epp.planner.laws.oracle import DEFAULT_TARGET, Oracle, OracleTarget, oracle_sizes
 from epp.planner.outcome import Sla
 from epp.planner.pool import PoolShape
 from epp.planner.replay import Arrival
@@ -38,9 +38,10 @@ def law_factories(
     shape: PoolShape,
     budget_gpus: int | None,
     sizer: Sizer,
+    oracle_target: OracleTarget = DEFAULT_TARGET,
 ) -> dict[str, Callable[[], Policy]]:
     """name -> a fresh policy (policies keep state between steps). The oracle's sizes
-    are measured once, on its first build."""
+    are measured once, on its first build, at `oracle_target` (`laws/oracle.py`)."""
     top = max_replicas(budget_gpus, shape)
     out: dict[str, Callable[[], Policy]] = {}
     for name in names:
@@ -56,7 +57,9 @@ def law_factories(
 
             def oracle(sizes: list[int] = sizes) -> Policy:
                 if not sizes:
-                    sizes.extend(oracle_sizes(sizer, sla, arrivals, interval_s))
+                    sizes.extend(
+                        oracle_sizes(sizer, sla, arrivals, interval_s, target=oracle_target)
+                    )
                 return Oracle(sizes, interval_s)
 
             out[name] = oracle
