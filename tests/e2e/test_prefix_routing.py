@@ -11,6 +11,7 @@ the EPP binds; with speculative indexing off, only those events can make a prefi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import re
@@ -229,6 +230,22 @@ async def test_precise_prefix_sticks_to_the_server_whose_kv_events_report_it(tmp
 
                 await wait_for(indexed, 10, "BlockStored events to reach the EPP")
                 return r
+
+            # ZMQ's slow joiner: a publisher drops what it sends before the EPP's subscription
+            # has reached it, so a server's first events can be lost (as with vLLM; once in a
+            # full-suite run here). Each simulator's link is proven live first, one at a time
+            # and straight to the simulator: a fresh prompt every second until the EPP counts
+            # its BlockStored events. A link that never comes up still fails the test.
+            for sim in st.sims:
+                before, deadline = await stored(), time.monotonic() + 15
+                for attempt in itertools.count():
+                    await post_ok(http, sim.url, system_prompt(f"link-{sim.name}-{attempt}", 400))
+                    settle = time.monotonic() + 1
+                    while await stored() <= before and time.monotonic() < settle:
+                        await asyncio.sleep(0.05)
+                    if await stored() > before:
+                        break
+                    assert time.monotonic() < deadline, f"no KV events from {sim.name} in 15 s"
 
             # Group A: its first request lands on X; the events then pull A's follow-ups there.
             prefix_a = system_prompt("precise-a")
