@@ -244,7 +244,7 @@ class SlaMode:
     def _remember(self, obs: Observation) -> None:
         if obs.isl_samples:
             self._isl_samples = obs.isl_samples
-        if obs.osl_samples:
+        if self._requests and obs.osl_samples:  # only `request-target` reads them
             self._osl_samples = obs.osl_samples[:: max(1, len(obs.osl_samples) // OSL_SAMPLES)]
         if not math.isnan(obs.isl.mean):
             self._last_isl = obs.isl.mean
