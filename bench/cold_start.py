@@ -25,9 +25,9 @@ import aiohttp
 
 from epp.harness.envoy import EnvoyOptions, astart_envoy
 from epp.harness.procs import ProcessGroup
-from epp.planner.config import load_planner_file
-from epp.planner.loop import ManualTicks
-from epp.planner.types import Role
+from epp.planner.core.config import load_planner_file
+from epp.planner.core.types import Role
+from epp.planner.live.loop import ManualTicks
 from epp.serve import EppServer, ServeOptions
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from epp.harness.procs import LogReady, ProcessGroup, free_port
-from epp.planner.connectors.statefile import decode
+from epp.planner.live.connectors.statefile import decode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.fake_kube

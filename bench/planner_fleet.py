@@ -132,7 +132,7 @@ def table(key: tuple[str, float], by_startup: dict[float, dict[str, Any]]) -> st
 
 
 def pareto(key: tuple[str, float], by_startup: dict[float, dict[str, Any]], out: Path) -> Path:
-    from epp.planner.outcome import Sla
+    from epp.planner.offline.outcome import Sla
     from epp.planner.plots import ParetoPoint, plot_pareto
 
     trace, scale = key

@@ -21,10 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from epp.planner.cli import parse_duration
-from epp.planner.pool import PoolShape, Spares
-from epp.planner.static import Sizer, mean_segment, peak_segments
+from epp.planner.offline.pool import PoolShape, Spares
+from epp.planner.offline.static import Sizer, mean_segment, peak_segments
+from epp.planner.offline.tracegen import scale_rate
 from epp.planner.tracefile import load_trace
-from epp.planner.tracegen import scale_rate
 from epp.sim import presets
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-conv-2023.csv"

@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from epp.planner.pool import PoolShape, Spares  # noqa: E402
-from epp.planner.replay import replay  # noqa: E402
-from epp.planner.static import StaticPolicy  # noqa: E402
+from epp.planner.offline.pool import PoolShape, Spares  # noqa: E402
+from epp.planner.offline.replay import replay  # noqa: E402
+from epp.planner.offline.static import StaticPolicy  # noqa: E402
+from epp.planner.offline.tracegen import scale_rate  # noqa: E402
 from epp.planner.tracefile import load_trace  # noqa: E402
-from epp.planner.tracegen import scale_rate  # noqa: E402
 from epp.sim import presets  # noqa: E402
 
 TRACES = Path("/work/shared/traces")

@@ -27,11 +27,11 @@ import statistics
 import time
 from pathlib import Path
 
-from epp.planner.config import parse_planner_config
-from epp.planner.perf import Profile
-from epp.planner.planner import build_policy
+from epp.planner.core.config import parse_planner_config
+from epp.planner.core.perf import Profile
+from epp.planner.core.planner import build_policy
+from epp.planner.core.types import Observation, Replicas, Role, RoleLoad, Stats
 from epp.planner.tracefile import load_trace
-from epp.planner.types import Observation, Replicas, Role, RoleLoad, Stats
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure-llm-conv-2023.csv"
 PREFILL = {

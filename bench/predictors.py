@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from epp.planner.predictors import PredictorParams, build_predictor
+from epp.planner.core.predictors import PredictorParams, build_predictor
+from epp.planner.offline.tracegen import bursty
+from epp.planner.offline.traces import Arrival, IntervalLoad, bucket
 from epp.planner.tracefile import load_trace
-from epp.planner.tracegen import bursty
-from epp.planner.traces import Arrival, IntervalLoad, bucket
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 MODELS = {

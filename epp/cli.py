@@ -28,11 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("epp.harness.bench_cli", "run a benchmark from bench/ (routing)"),
     "plan": ("epp.planner.cli", "planner what-ifs: replay a trace through scaling policies"),
     "planner": (
-        "epp.planner.standalone",
+        "epp.planner.live.standalone",
         "the planner alone: observe through Prometheus, act through a virtual/kubernetes connector",
     ),
     "planner-client": (
-        "epp.planner.connectors.reference_client",
+        "epp.planner.live.connectors.reference_client",
         "reference environment for a virtual planner: carry decisions out with epp sim",
     ),
 }

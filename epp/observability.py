@@ -217,7 +217,7 @@ RUNNING_REQUESTS = Gauge(
 )
 
 
-# ---- the planner (epp/planner/record.py sets these after every decision) ----
+# ---- the planner (epp/planner/live/record.py sets these after every decision) ----
 PLANNER_REPLICAS = Gauge(
     "epp_planner_replicas",
     "Replicas per role: the planner's target, and what the connector has (ready, starting, "

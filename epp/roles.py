@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterable
 
 from epp.datastore import Endpoint, EndpointSnapshot
-from epp.planner.types import Role
-from epp.planner.window import PoolSample
+from epp.planner.core.types import Role
+from epp.planner.core.window import PoolSample
 
 # llm-d's label values: "prefill", "decode", "both" (or none) for an aggregated server.
 _ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE}

@@ -69,8 +69,8 @@ from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info
-from epp.planner.config import PlannerConfig, check_live, load_planner_file
-from epp.planner.loop import (
+from epp.planner.core.config import PlannerConfig, check_live, load_planner_file
+from epp.planner.live.loop import (
     PlannerThread,
     Ticks,
     build_live_planner,
@@ -83,7 +83,7 @@ from epp.status.ring import DecisionRing
 from epp.status.routes import add_status_routes
 
 if TYPE_CHECKING:
-    from epp.planner.perf import Profile
+    from epp.planner.core.perf import Profile
 
 log = logging.getLogger("epp")
 
@@ -692,7 +692,7 @@ def load_planner(path: str) -> tuple[PlannerConfig, Profile | None]:
         return cfg, None
     # Imported here: the profile reader pulls in scipy.interpolate (~2 s of CPU), which
     # only the SLA modes need; every other start (and restart) of `epp serve` skips it.
-    from epp.planner.perf import ProfileError, load_profile
+    from epp.planner.core.perf import ProfileError, load_profile
 
     try:
         return cfg, load_profile(cfg.planner.profile_results_dir)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import functools
 
-from epp.planner.config import parse_planner_config
-from epp.planner.perf import Profile
-from epp.planner.types import EMPTY, EndpointLoad, Observation, Replicas, Role, RoleLoad, Stats
+from epp.planner.core.config import parse_planner_config
+from epp.planner.core.perf import Profile
+from epp.planner.core.types import EMPTY, EndpointLoad, Observation, Replicas, Role, RoleLoad, Stats
 
 # Prefill: 40 000 tokens/s per GPU at every ISL, so TTFT = isl / 40 000 × 1000 ms
 # (25 ms at 1000, 75 ms at 3000). Decode: ITL = 5 + 20 × KV use ms, 10 000 tokens/s

@@ -26,7 +26,7 @@ import aiohttp
 
 from epp.harness.envoy import EnvoyOptions, astart_envoy
 from epp.harness.procs import ProcessGroup
-from epp.planner.config import load_planner_file
+from epp.planner.core.config import load_planner_file
 from epp.planner.tracefile import load_trace
 from epp.serve import EppServer, ServeOptions
 

@@ -21,13 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from epp.planner import compare as cmp
-from epp.planner.laws.catalog import LAW_NAMES, law_factories
-from epp.planner.laws.oracle import DEFAULT_TARGET, parse_target
-from epp.planner.outcome import Sla, Summary
-from epp.planner.pool import PoolShape, Spares
-from epp.planner.replay import Arrival, Progress
-from epp.planner.static import (
+from epp.planner.core.types import Policy
+from epp.planner.offline import compare as cmp
+from epp.planner.offline.laws.catalog import LAW_NAMES, law_factories
+from epp.planner.offline.laws.oracle import DEFAULT_TARGET, parse_target
+from epp.planner.offline.outcome import Sla, Summary
+from epp.planner.offline.pool import PoolShape, Spares
+from epp.planner.offline.replay import Arrival, Progress
+from epp.planner.offline.static import (
     ITL_HEADROOM,
     STATIC_NAMES,
     TTFT_HEADROOM,
@@ -35,7 +36,6 @@ from epp.planner.static import (
     Sizer,
     StaticPolicy,
 )
-from epp.planner.types import Policy
 
 DEFAULT_PRESET = "llama-3.1-8b-h100"
 DEFAULT_INTERVAL_S = 60.0  # Dynamo's examples and tests use 60 s (reference §1.7, §8.1)
@@ -213,7 +213,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise UsageError("--rate-scale must be a positive number")
     arrivals = load_trace(args.trace)
     if args.rate_scale is not None:
-        from epp.planner.tracegen import scale_rate
+        from epp.planner.offline.tracegen import scale_rate
 
         arrivals = scale_rate(arrivals, args.rate_scale, seed=args.seed)
     if args.time_limit is not None:
@@ -360,7 +360,7 @@ def _per_startup(path: Path, startup: float, runs: int) -> Path:
 
 
 def _bursty(args: argparse.Namespace) -> int:
-    from epp.planner.tracegen import bursty
+    from epp.planner.offline.tracegen import bursty
 
     duration = parse_duration(args.duration, "--duration")
     if not (args.rate > 0 and math.isfinite(args.rate)):
@@ -446,7 +446,7 @@ def _preset_gpus(name: str) -> int:
     return int(m.group(1)) if m else 1
 
 
-# -- the planner's policies (epp.planner.planner, when present) -----------------------
+# -- the planner's policies (epp.planner.core.planner, when present) -----------------------
 
 
 def _shared_profile(
@@ -456,7 +456,7 @@ def _shared_profile(
     if not any(n in ("epp", "dynamo") for n in names):
         return None
     try:
-        import epp.planner.planner  # noqa: F401
+        import epp.planner.core.planner  # noqa: F401
     except ImportError:
         return None  # _factories says what is missing
     return _profile(args, _planner_config(args), setup, say)
@@ -472,14 +472,14 @@ def _factories(
     if not names:
         return {}
     try:
-        from epp.planner.planner import build_policy
+        from epp.planner.core.planner import build_policy
     except ImportError:
         missing = ", ".join(names)
         if not args.compare:
             raise UsageError(
-                f"policy {missing} is not in this build (epp.planner.planner)"
+                f"policy {missing} is not in this build (epp.planner.core.planner)"
             ) from None
-        say(f"note: {missing} not in this build (epp.planner.planner): compared without them")
+        say(f"note: {missing} not in this build (epp.planner.core.planner): compared without them")
         return {}
     base = _planner_config(args)
     if profile is None and any(n in ("epp", "dynamo") for n in names):
@@ -498,9 +498,9 @@ def _factories(
 
 def _planner_config(args: argparse.Namespace) -> Any:
     try:
-        from epp.planner.config import PlannerConfig, load_planner_file
+        from epp.planner.core.config import PlannerConfig, load_planner_file
     except ImportError:
-        raise UsageError("--planner needs epp.planner.config, not in this build") from None
+        raise UsageError("--planner needs epp.planner.core.config, not in this build") from None
 
     if args.planner is None:
         return PlannerConfig()
@@ -553,7 +553,7 @@ def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup
 
 
 def _profile(args: argparse.Namespace, base: Any, setup: cmp.Setup, say: _Say) -> Any:
-    from epp.planner.perf import load_profile
+    from epp.planner.core.perf import load_profile
 
     if args.profile:
         return load_profile(args.profile)
@@ -571,7 +571,7 @@ def _virtual_profile(setup: cmp.Setup, quiet: bool) -> Any:
     try:
         import asyncio
 
-        from epp.planner.perf import Profile
+        from epp.planner.core.perf import Profile
         from epp.planner.profiler.driver import Sla as ProfilerSla
         from epp.planner.profiler.driver import profile
         from epp.planner.profiler.plan import SweepSettings

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from epp.planner.compare import Result, Setup
-    from epp.planner.outcome import Sla
+    from epp.planner.offline.compare import Result, Setup
+    from epp.planner.offline.outcome import Sla
 
 
 def plot_replay(path: Path, results: Sequence[Result], setup: Setup) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from epp.planner.traces import Arrival, TraceError, parse_trace
+from epp.planner.offline.traces import Arrival, TraceError, parse_trace
 
 
 def load_trace(path: str | Path) -> list[Arrival]:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from epp import __version__
 from epp.datastore import Datastore, EndpointSnapshot
-from epp.planner.loop import PlannerThread
+from epp.planner.live.loop import PlannerThread
 from epp.status.ring import DecisionRing
 
 PLANNER_DECISIONS_SHOWN = 10

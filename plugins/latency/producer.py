@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
-from epp.planner.window import RequestRecord
+from epp.planner.core.window import RequestRecord
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.params import param

@@ -22,10 +22,10 @@ import pytest
 
 from epp.harness.envoy import EnvoyOptions, astart_envoy
 from epp.harness.procs import ProcessGroup
-from epp.planner.config import load_planner_file
-from epp.planner.connectors.local import LocalConnector
-from epp.planner.loop import ManualTicks
-from epp.planner.types import Role
+from epp.planner.core.config import load_planner_file
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.local import LocalConnector
+from epp.planner.live.loop import ManualTicks
 from epp.serve import EppServer, ServeOptions
 
 SIM = "epp sim --port {port} --max-num-seqs 2 --decode-ms-per-token 4 --prefill-ms-per-token 0.01"

@@ -40,10 +40,10 @@ from epp.config.loader import load_config_file
 from epp.harness.envoy import EnvoyOptions, astart_envoy
 from epp.harness.localstack import PD_CONFIG
 from epp.harness.procs import ProcessGroup, pid_runs
-from epp.planner.config import load_planner_file
-from epp.planner.connectors.local import LocalConnector
-from epp.planner.loop import ManualTicks
-from epp.planner.types import Role
+from epp.planner.core.config import load_planner_file
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.local import LocalConnector
+from epp.planner.live.loop import ManualTicks
 from epp.scheduling.registry import Handle
 from epp.serve import EppServer, ServeOptions
 

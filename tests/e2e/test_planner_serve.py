@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from epp.harness.procs import LogReady, ProcessGroup, free_port, pid_runs, wait_until
-from epp.planner.connectors.statefile import decode
+from epp.planner.live.connectors.statefile import decode
 
 EPP = [sys.executable, "-m", "epp.cli", "serve", "--host", "127.0.0.1"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from epp.planner.connectors.kubernetes import KubernetesConnector, Workload
-from epp.planner.types import Replicas, Role
+from epp.planner.core.types import Replicas, Role
+from epp.planner.live.connectors.kubernetes import KubernetesConnector, Workload
 from tests.fake_kube import FakeScaleAPI
 
 P, D = Role.PREFILL, Role.DECODE
@@ -86,7 +86,7 @@ def test_rbac_grants_exactly_what_the_connector_calls():
 
     import yaml
 
-    from epp.planner.connectors.kubernetes import KINDS
+    from epp.planner.live.connectors.kubernetes import KINDS
 
     path = Path(__file__).resolve().parents[2] / "deploy/kubernetes/planner/rbac.yaml"
     role = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Role")

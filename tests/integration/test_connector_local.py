@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 from epp.datastore import Datastore
-from epp.planner.config import load_planner_file
-from epp.planner.connectors.local import LocalConnector
-from epp.planner.connectors.statefile import WorkerRecord, decode, encode
-from epp.planner.types import Role
+from epp.planner.core.config import load_planner_file
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.local import LocalConnector
+from epp.planner.live.connectors.statefile import WorkerRecord, decode, encode
 
 AGG = Role.AGGREGATED
 

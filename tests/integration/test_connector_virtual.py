@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from epp.planner.connectors.base import apply
-from epp.planner.connectors.client import VirtualClient
-from epp.planner.connectors.virtual import VirtualConnector
-from epp.planner.types import Decision, Replicas, Role
+from epp.planner.core.types import Decision, Replicas, Role
+from epp.planner.live.connectors.base import apply
+from epp.planner.live.connectors.client import VirtualClient
+from epp.planner.live.connectors.virtual import VirtualConnector
 
 P, D = Role.PREFILL, Role.DECODE
 
@@ -68,8 +68,8 @@ async def test_an_aggregated_pool_travels_in_num_decode_workers():
 
 async def test_epp_serve_with_environment_virtual_publishes_the_floor():
     from epp.datastore import Endpoint
-    from epp.planner.config import load_planner_file
-    from epp.planner.loop import ManualTicks
+    from epp.planner.core.config import load_planner_file
+    from epp.planner.live.loop import ManualTicks
     from epp.serve import EppServer, ServeOptions
 
     cfg = load_planner_file('mode: load\nenvironment: virtual\nvirtual-address: "127.0.0.1:0"\n')

@@ -12,9 +12,9 @@ import random
 from epp.config.loader import load_default_config
 from epp.datastore import Datastore
 from epp.director import Director
-from epp.planner.connectors.local import LocalConnector
-from epp.planner.connectors.statefile import WorkerRecord, decode, encode
-from epp.planner.types import Role
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.local import LocalConnector
+from epp.planner.live.connectors.statefile import WorkerRecord, decode, encode
 from epp.scheduling.registry import Handle
 from tests.helpers import completion
 from tests.integration.test_connector_local import AGG, live

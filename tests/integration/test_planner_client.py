@@ -15,10 +15,10 @@ import urllib.request
 import pytest
 
 from epp.harness.procs import pid_runs
-from epp.planner.config import LiveParams
-from epp.planner.connectors.reference_client import SimEnvironment, targets_of
-from epp.planner.connectors.virtual import VirtualConnector
-from epp.planner.types import Role
+from epp.planner.core.config import LiveParams
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.reference_client import SimEnvironment, targets_of
+from epp.planner.live.connectors.virtual import VirtualConnector
 
 AGG, P, D = Role.AGGREGATED, Role.PREFILL, Role.DECODE
 

@@ -25,11 +25,16 @@ import pytest
 
 from epp.datastore import Datastore
 from epp.harness.procs import free_port
-from epp.planner.config import load_planner_file
-from epp.planner.connectors.client import VirtualClient
-from epp.planner.loop import ManualTicks, build_live_planner, start_live_planner, stop_live_planner
-from epp.planner.source import PrometheusSource, SourceError
-from epp.planner.types import Role
+from epp.planner.core.config import load_planner_file
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.client import VirtualClient
+from epp.planner.live.loop import (
+    ManualTicks,
+    build_live_planner,
+    start_live_planner,
+    stop_live_planner,
+)
+from epp.planner.live.source import PrometheusSource, SourceError
 
 
 class FakePrometheus:

@@ -23,7 +23,7 @@ from epp.buildinfo import build_commit
 from epp.completion import ResponseObserver
 from epp.director import RoutingDecision
 from epp.observability import REGISTRY
-from epp.planner.window import RequestRecord
+from epp.planner.core.window import RequestRecord
 from epp.scheduling.types import ProfileResult, SchedulingResult
 from epp.serve import EppServer, add_arguments, options_from_args
 from epp.status.ring import DecisionRing

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from epp.planner.window import RequestRecord
+from epp.planner.core.window import RequestRecord
 from epp.scheduling.types import CycleState
 from plugins.latency.info import LatencyPredictionInfo
 from plugins.latency.model import Sample, SampleBuffer, fit

@@ -140,7 +140,7 @@ def test_slo_config_routes_a_tight_request_to_the_endpoint_that_meets_it():
 def _observe(producer, name: str, slow: float, n: int, rng) -> None:
     """n finished requests on `name`, measured by TTFT = slow · (5 + 0.02·uncached +
     0.01·pending prefill) ms and TPOT = slow · (8 + 0.5·running) ms, under random load."""
-    from epp.planner.window import RequestRecord
+    from epp.planner.core.window import RequestRecord
 
     for _ in range(n):
         isl, prefill, running = rng.randrange(10, 2000), rng.randrange(0, 8000), rng.randrange(8)

@@ -1,4 +1,4 @@
-"""A request's ITL in an aggregated replica (`epp.planner.agg_itl`): the prompts batched
+"""A request's ITL in an aggregated replica (`epp.planner.core.agg_itl`): the prompts batched
 into its own steps, a compound Poisson sum, on cases worked out by hand."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 from scipy.special import ndtr
 
-from epp.planner.agg_itl import LARGE_LAMBDA, DecodeSteps, quantile, share, within
+from epp.planner.core.agg_itl import LARGE_LAMBDA, DecodeSteps, quantile, share, within
 
 
 def test_one_token_answers_have_no_itl_and_count_as_within():

@@ -1,4 +1,4 @@
-"""The aggregated replica's TTFT model (`epp.planner.agg_ttft`), each formula on a case
+"""The aggregated replica's TTFT model (`epp.planner.core.agg_ttft`), each formula on a case
 worked out by hand.
 
 Profile (tests/planner_helpers.py): batch-1 TTFT = ISL/40 ms (25 ms at 1000, 75 ms at
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from epp.planner.agg_ttft import (
+from epp.planner.core.agg_ttft import (
     aggregated_ttft,
     chunks,
     mixture_quantile,

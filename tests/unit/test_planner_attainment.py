@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from epp.planner.attainment import RELAX_STEP, AttainmentControl, Tally
-from epp.planner.types import Observation, Role
+from epp.planner.core.attainment import RELAX_STEP, AttainmentControl, Tally
+from epp.planner.core.types import Observation, Role
 from tests.planner_helpers import obs, pd
 from tests.unit.test_planner_sla_mode import epp
 

@@ -1,6 +1,6 @@
 """The virtual connector's decision-id rules on a made-up clock (reference §6.1)."""
 
-from epp.planner.connectors.board import DecisionBoard, Outcome, Published
+from epp.planner.live.connectors.board import DecisionBoard, Outcome, Published
 
 
 def test_first_decision_is_id_0_and_unchanged_counts_publish_nothing():

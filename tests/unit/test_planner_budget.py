@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.planner.budget import BudgetError, fit_budget, gpus_of
-from epp.planner.types import Role
+from epp.planner.core.budget import BudgetError, fit_budget, gpus_of
+from epp.planner.core.types import Role
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED
 ONE = {P: 1, D: 1, A: 1}

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from epp.config.errors import ConfigError
-from epp.planner.config import describe_planner_file, load_planner_file
-from epp.planner.types import Role
+from epp.planner.core.config import describe_planner_file, load_planner_file
+from epp.planner.core.types import Role
 
 
 def test_defaults_are_the_seeds():
@@ -147,7 +147,7 @@ def test_docs_list_every_setting_with_its_default():
 
 
 def test_a_sidecar_command_with_an_unknown_placeholder_is_one_clear_error():
-    from epp.planner.config import check_live
+    from epp.planner.core.config import check_live
 
     text = (
         "pool: disaggregated\nprefill-worker-command: epp sim --port {port}\n"

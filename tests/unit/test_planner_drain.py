@@ -1,7 +1,7 @@
 """The drain machine: stop once nothing is in flight, force after the timeout, and never
 take a decision back."""
 
-from epp.planner.drain import Drain, DrainStep
+from epp.planner.core.drain import Drain, DrainStep
 
 
 def test_keeps_while_requests_are_in_flight_then_stops_at_zero():

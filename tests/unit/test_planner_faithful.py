@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.planner.planner import build_policy
-from epp.planner.types import Role
+from epp.planner.core.planner import build_policy
+from epp.planner.core.types import Role
 from tests.planner_helpers import agg, config, obs, pd, profile
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED

@@ -10,12 +10,12 @@ import random
 import pytest
 
 from epp.cli import main
-from epp.planner.outcome import Sla, scale_down_lags, summarize
-from epp.planner.pool import PoolShape
-from epp.planner.replay import Action, Lifetime, Run, Served, replay
-from epp.planner.static import StaticPolicy
-from epp.planner.traces import Arrival
-from epp.planner.types import Role
+from epp.planner.core.types import Role
+from epp.planner.offline.outcome import Sla, scale_down_lags, summarize
+from epp.planner.offline.pool import PoolShape
+from epp.planner.offline.replay import Action, Lifetime, Run, Served, replay
+from epp.planner.offline.static import StaticPolicy
+from epp.planner.offline.traces import Arrival
 from epp.sim import presets
 
 A = Role.AGGREGATED
@@ -93,7 +93,7 @@ def test_lost_requests_count_against_the_request_share():
         name, interval_s, sample_interval_s = "to-zero", 10.0, 1.0
 
         def step(self, now, obs):
-            from epp.planner.types import Decision
+            from epp.planner.core.types import Decision
 
             return Decision(at=now, targets={A: 0}, reason="zero")
 
@@ -224,7 +224,7 @@ def test_static_pool_replay_is_unchanged_by_the_start_up_delay():
 
 
 def test_the_pareto_title_names_the_per_request_sla():
-    from epp.planner.outcome import Sla
+    from epp.planner.offline.outcome import Sla
     from epp.planner.plots import pareto_title
 
     title = pareto_title("azure x3", Sla(420, 16))

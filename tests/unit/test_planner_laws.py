@@ -10,12 +10,14 @@ import math
 
 import pytest
 
-from epp.planner import compare as cmp
-from epp.planner.laws.catalog import law_factories
-from epp.planner.laws.hpa import DEFAULT_BEHAVIOR, Hpa, desired_for_average
-from epp.planner.laws.keda_queue import KedaQueue, KedaQueueParams
-from epp.planner.laws.llmd_slo import BEHAVIOR, LlmdSlo, LlmdSloParams, law
-from epp.planner.laws.oracle import (
+from epp.planner.core.types import Observation, Replicas, Role, RoleLoad, Stats
+from epp.planner.core.window import IntervalWindow, RequestRecord
+from epp.planner.offline import compare as cmp
+from epp.planner.offline.laws.catalog import law_factories
+from epp.planner.offline.laws.hpa import DEFAULT_BEHAVIOR, Hpa, desired_for_average
+from epp.planner.offline.laws.keda_queue import KedaQueue, KedaQueueParams
+from epp.planner.offline.laws.llmd_slo import BEHAVIOR, LlmdSlo, LlmdSloParams, law
+from epp.planner.offline.laws.oracle import (
     DEFAULT_TARGET,
     P90_TARGET,
     Oracle,
@@ -25,10 +27,8 @@ from epp.planner.laws.oracle import (
     smallest_passing,
     spread_misses,
 )
-from epp.planner.outcome import Sla
-from epp.planner.static import Segment, Sizer, counts_per_interval
-from epp.planner.types import Observation, Replicas, Role, RoleLoad, Stats
-from epp.planner.window import IntervalWindow, RequestRecord
+from epp.planner.offline.outcome import Sla
+from epp.planner.offline.static import Segment, Sizer, counts_per_interval
 from tests.unit.test_planner_replay import poisson, shape
 
 A = Role.AGGREGATED

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from epp.planner.loop import stop_live_planner
+from epp.planner.live.loop import stop_live_planner
 from tests.unit.test_planner_loop import AGG, setup
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from epp.planner.load_mode import NEW_DECODE_WORKER_GRACE_PERIOD
-from epp.planner.planner import build_policy
-from epp.planner.types import Replicas, Role, RoleLoad
+from epp.planner.core.load_mode import NEW_DECODE_WORKER_GRACE_PERIOD
+from epp.planner.core.planner import build_policy
+from epp.planner.core.types import Replicas, Role, RoleLoad
 from tests.planner_helpers import agg, config, obs, pd
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.observability import REGISTRY
-from epp.planner.loop import ManualTicks, PlannerThread
-from epp.planner.record import DecisionRecorder
-from epp.planner.types import Decision, Observation, Replicas, Role
-from epp.planner.window import RequestRecord
+from epp.planner.core.types import Decision, Observation, Replicas, Role
+from epp.planner.core.window import RequestRecord
+from epp.planner.live.loop import ManualTicks, PlannerThread
+from epp.planner.live.record import DecisionRecorder
 
 AGG = Role.AGGREGATED
 

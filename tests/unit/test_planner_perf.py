@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from epp.planner.perf import (
+from epp.planner.core.perf import (
     DecodePerf,
     PrefillPerf,
     ProfileError,

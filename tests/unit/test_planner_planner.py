@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.planner.planner import build_policy, choose_drain, policy_for_mode
-from epp.planner.types import EndpointLoad, Policy, Replicas, Role, RoleLoad
+from epp.planner.core.planner import build_policy, choose_drain, policy_for_mode
+from epp.planner.core.types import EndpointLoad, Policy, Replicas, Role, RoleLoad
 from tests.planner_helpers import config, obs, pd, profile
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from epp.config.errors import ConfigError
-from epp.planner.predictors import (
+from epp.planner.core.predictors import (
     LoadPredictors,
     PredictorParams,
     build_load_predictors,
     build_predictor,
     warm_up,
 )
-from epp.planner.predictors.arima import ArimaPredictor, search_order
-from epp.planner.predictors.constant import ConstantPredictor
-from epp.planner.predictors.kalman import KalmanPredictor
-from epp.planner.traces import IntervalLoad
+from epp.planner.core.predictors.arima import ArimaPredictor, search_order
+from epp.planner.core.predictors.constant import ConstantPredictor
+from epp.planner.core.predictors.kalman import KalmanPredictor
+from epp.planner.offline.traces import IntervalLoad
 from epp.scheduling.params import parse_params
 
 ALL = ("constant", "kalman", "arima")  # prophet: tests/unit/test_planner_prophet.py

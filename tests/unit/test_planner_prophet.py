@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from epp.config.errors import ConfigError
-from epp.planner.predictors import PredictorParams, build_predictor
+from epp.planner.core.predictors import PredictorParams, build_predictor
 
 
 def prophet_fed(values, **kw):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from epp.planner.queueing import erlang_c, smallest_servers, wait_mean, wait_quantile
+from epp.planner.core.queueing import erlang_c, smallest_servers, wait_mean, wait_quantile
 
 
 def test_erlang_c_known_values():

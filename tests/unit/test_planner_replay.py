@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import pytest
 
 from epp.cli import main
-from epp.planner import compare as cmp
-from epp.planner.outcome import Sla, summarize
-from epp.planner.pool import PoolShape, State
-from epp.planner.replay import Action, Run, replay
-from epp.planner.static import NoPoolMeetsSla, Sizer, StaticPolicy, nice_up, peak_segments
-from epp.planner.traces import Arrival
-from epp.planner.types import Decision, Observation, Role
+from epp.planner.core.types import Decision, Observation, Role
+from epp.planner.offline import compare as cmp
+from epp.planner.offline.outcome import Sla, summarize
+from epp.planner.offline.pool import PoolShape, State
+from epp.planner.offline.replay import Action, Run, replay
+from epp.planner.offline.static import NoPoolMeetsSla, Sizer, StaticPolicy, nice_up, peak_segments
+from epp.planner.offline.traces import Arrival
 from epp.sim import presets
 
 TINY = presets.config_for("tiny")

@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from epp.planner.perf import Profile
-from epp.planner.planner import build_policy
-from epp.planner.types import Replicas, Role, RoleLoad, Stats
+from epp.planner.core.perf import Profile
+from epp.planner.core.planner import build_policy
+from epp.planner.core.types import Replicas, Role, RoleLoad, Stats
 from tests.planner_helpers import DECODE, PREFILL, agg, config, obs, pd, profile
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED
@@ -539,7 +539,7 @@ def test_aggregated_ttft_correction_compares_with_the_step_models_p90():
     # the step model (agg_ttft, tested by hand there) at the interval's 2 prompts/s, its
     # two lengths and its 10 decodes at context 2000 + 75: observed exactly its p90, the
     # factor stays 1; twice it, the factor moves halfway to 2
-    from epp.planner.agg_ttft import aggregated_ttft
+    from epp.planner.core.agg_ttft import aggregated_ttft
 
     model = aggregated_ttft(profile(), 2.0, [1000, 3000], 150, 2075, decodes=10)
     p90 = model.quantile(0.9)

@@ -10,10 +10,10 @@ import math
 import pytest
 
 from epp.cli import main
-from epp.planner.outcome import Sla, summarize
-from epp.planner.replay import Lifetime, Run, Served
-from epp.planner.sla_pick import order_stat, request_sla, round_up
-from epp.planner.types import Role
+from epp.planner.core.types import Role
+from epp.planner.offline.outcome import Sla, summarize
+from epp.planner.offline.replay import Lifetime, Run, Served
+from epp.planner.offline.sla_pick import order_stat, request_sla, round_up
 from tests.unit.test_planner_fleet import tiny_trace
 
 BASE = Sla(100.0, 10.0)

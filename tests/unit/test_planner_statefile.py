@@ -3,8 +3,8 @@
 import pytest
 
 from epp.config.errors import ConfigError
-from epp.planner.connectors.statefile import WorkerRecord, decode, encode
-from epp.planner.types import Role
+from epp.planner.core.types import Role
+from epp.planner.live.connectors.statefile import WorkerRecord, decode, encode
 
 
 def test_round_trip():

@@ -10,9 +10,17 @@ import math
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.util.tensor_util import make_ndarray
 
-from epp.planner.record import DecisionRecorder
-from epp.planner.tensorboard import scalars
-from epp.planner.types import Decision, Observation, PredictedLoad, Replicas, Role, RoleLoad, Stats
+from epp.planner.core.types import (
+    Decision,
+    Observation,
+    PredictedLoad,
+    Replicas,
+    Role,
+    RoleLoad,
+    Stats,
+)
+from epp.planner.live.record import DecisionRecorder
+from epp.planner.live.tensorboard import scalars
 
 P, D = Role.PREFILL, Role.DECODE
 

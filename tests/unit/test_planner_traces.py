@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from epp.planner.tracefile import load_trace
-from epp.planner.tracegen import bursty, scale_rate
-from epp.planner.traces import (
+from epp.planner.offline.tracegen import bursty, scale_rate
+from epp.planner.offline.traces import (
     Arrival,
     TraceError,
     bucket,
@@ -19,6 +18,7 @@ from epp.planner.traces import (
     parse_mooncake,
     parse_trace,
 )
+from epp.planner.tracefile import load_trace
 
 # CI clones the repo with ../shared beside it (as on this machine).
 SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"

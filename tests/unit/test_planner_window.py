@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import random
 
-from epp.planner.types import Replicas, Role, Stats
-from epp.planner.window import IntervalWindow, PoolSample, RequestRecord
+from epp.planner.core.types import Replicas, Role, Stats
+from epp.planner.core.window import IntervalWindow, PoolSample, RequestRecord
 
 
 def rec(t: float, ttft: float, itl: float = 10.0, isl: int = 100, osl: int = 10, ok=True):

@@ -4,8 +4,8 @@ decode KV use), from snapshots and as /metrics gauges."""
 from prometheus_client import CollectorRegistry, generate_latest
 
 from epp.observability import PoolCollector
-from epp.planner.types import Role
-from epp.planner.window import PoolSample
+from epp.planner.core.types import Role
+from epp.planner.core.window import PoolSample
 from epp.roles import pool_samples, role_of
 from tests.helpers import snap
 

@@ -15,7 +15,7 @@ from epp.config.loader import load_default_config
 from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.extproc.stream import Phase, RequestStream
-from epp.planner.types import Role
+from epp.planner.core.types import Role
 from epp.scheduling.registry import Handle
 from tests.unit.test_stream import BASE_HEADERS, MODES, body_msg, headers_msg
 

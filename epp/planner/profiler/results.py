@@ -2,7 +2,7 @@
 
 Arrays and their names are those of Dynamo's interpolation files (reference
 dynamo-planner.md §3.1, written by `benchmarks/profiler/utils/profile_{prefill,decode}.py`),
-so `epp.planner.perf` and Dynamo's `perf_interpolation.py` read the same files:
+so `epp.planner.core.perf` and Dynamo's `perf_interpolation.py` read the same files:
 
 - prefill: `prefill_isl`, `prefill_ttft` (ms, batch size 1),
   `prefill_thpt_per_gpu = isl / ttft_ms * 1000 / num_gpus` (tokens/s/GPU);

@@ -1,0 +1,258 @@
+"""`epp plan replay --compare`: one trace through every policy, on equal terms.
+
+Every policy sees the same arrivals, the same simulated servers, the same routing, the
+same start-up delay and the same SLA, and is judged by `outcome.summarize` on the same
+report intervals. What differs is only the scaling law:
+
+- `static-peak` and `static-mean` (`static.py`) hold the pool the replay sized for the
+  trace's busiest and its average intervals. The busiest-interval size is then
+  confirmed on the whole trace: if some interval still misses the SLA (a busy minute
+  right after another is heavier than the same minute replayed after one of warm-up),
+  one replica is added and the trace replayed again, at most `PEAK_BUMPS` times. So
+  static-peak is "the smallest pool the whole trace shows meets the SLA", the premise
+  of issue 8's comparison.
+- The planners (`load`, `dynamo`, `epp`, from `planner.build_policy`) and the field's
+  laws (`keda-queue`, `llm-d-slo`, `laws/`) start from the static-mean pool, ready, as
+  an operator would deploy before turning an autoscaler on.
+- `oracle` (`laws/oracle.py`) is the exception: it starts with its first interval's
+  size and its replicas start at once (start-up 0): the floor, not a deployable policy.
+
+Pure: the caller builds the policies (`factories`) and does the printing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from epp.planner.core.types import Policy
+from epp.planner.offline.laws.oracle import Oracle
+from epp.planner.offline.outcome import Sla, Summary, summarize
+from epp.planner.offline.pool import PoolShape, Spares
+from epp.planner.offline.replay import Arrival, Progress, Run, replay
+from epp.planner.offline.sla_pick import request_sla
+from epp.planner.offline.static import (
+    Sizer,
+    Sizing,
+    StaticPolicy,
+    mean_segment,
+    peak_segments,
+)
+
+PEAK_BUMPS = 3
+ORDER = ("static-peak", "static-mean", "oracle", "keda-queue", "llm-d-slo", "load", "dynamo", "epp")
+STATIC = ("static-peak", "static-mean")
+
+# name -> a policy to replay (built fresh: policies keep state between steps)
+PolicyFactory = Callable[[], Policy]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every policy of a comparison shares."""
+
+    shape: PoolShape
+    sla: Sla
+    sla_picked: bool  # True: chosen from the trace (`Sizer.default_sla`)
+    interval_s: float
+    peak: Sizing  # sized on the busiest intervals
+    mean: Sizing
+    budget_gpus: int | None = None  # the planners' GPU budget (None: unbounded)
+    median_isl: int = 1  # of the trace: what a profile of the server should target
+    median_osl: int = 1
+    # how the SLA was set: "given", "intervals" (`Sizer.default_sla`: p90s in every
+    # interval) or "requests" (`sla_pick.request_sla` on static-peak's run)
+    sla_rule: str = "intervals"
+
+
+@dataclass(frozen=True)
+class Result:
+    summary: Summary
+    run: Run
+    initial: int  # replicas the run started with
+    note: str = ""
+
+
+def prepare(
+    arrivals: Sequence[Arrival],
+    shape: PoolShape,
+    interval_s: float,
+    sla: Sla | None = None,
+    *,
+    sizer: Sizer | None = None,
+) -> Setup:
+    """Size the static pools (and pick an SLA if none is given). Raises
+    `static.NoPoolMeetsSla` when no pool meets the SLA at the peak."""
+    sizer = sizer or Sizer(arrivals, shape)
+    picked = sla is None
+    if sla is None:
+        sla = sizer.default_sla(interval_s)
+    peak = sizer.smallest_for_all(sla, peak_segments(arrivals, interval_s))
+    mean = sizer.smallest_pool(sla, mean_segment(arrivals, interval_s))
+    isl = sorted(a.isl for a in arrivals)[len(arrivals) // 2]
+    osl = sorted(a.osl for a in arrivals)[len(arrivals) // 2]
+    return Setup(
+        shape, sla, picked, interval_s, peak, mean, median_isl=isl, median_osl=osl,
+        sla_rule="intervals" if picked else "given",
+    )  # fmt: skip
+
+
+def pick_request_sla(
+    arrivals: Sequence[Arrival],
+    setup: Setup,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+) -> tuple[Setup, Result]:
+    """Replay static-peak (sized on the interval pick) and set the SLA to the tightest
+    one it meets per request (`sla_pick.request_sla`): the setup every policy is then
+    judged on, and static-peak's result judged on it (to reuse, not replay again)."""
+    peak = static_peak(arrivals, setup, seed=seed, spares=spares, progress=progress)
+    sla = request_sla(peak.run.served, setup.sla, setup.interval_s, lost=peak.run.lost)
+    setup = dataclasses.replace(setup, sla=sla, sla_rule="requests")
+    summary = summarize(peak.run, sla, setup.interval_s, budget_gpus=setup.budget_gpus)
+    return setup, Result(summary, peak.run, peak.initial, peak.note)
+
+
+def run_policy(
+    arrivals: Sequence[Arrival],
+    policy: Policy,
+    setup: Setup,
+    initial: int,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+    note: str = "",
+) -> Result:
+    run = replay(
+        arrivals,
+        policy,
+        setup.shape,
+        initial=initial,
+        seed=seed,
+        spares=spares,
+        progress=progress,
+    )
+    summary = summarize(run, setup.sla, setup.interval_s, budget_gpus=setup.budget_gpus)
+    return Result(summary, run, initial, note)
+
+
+def static_peak(
+    arrivals: Sequence[Arrival],
+    setup: Setup,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """The busiest-interval size, confirmed (and if need be grown) on the whole trace."""
+    n = setup.peak.replicas
+    while True:
+        policy = StaticPolicy("static-peak", n, setup.interval_s)
+        res = run_policy(arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress)
+        grown = n - setup.peak.replicas
+        if res.summary.sla_intervals >= 1.0 or grown >= PEAK_BUMPS:
+            how = f"{setup.peak.replicas} from the busiest intervals"
+            if grown:
+                how += f", +{grown} for the whole trace"
+            if res.summary.sla_intervals < 1.0:
+                how += f" (still misses {1 - res.summary.sla_intervals:.1%} of intervals)"
+            return Result(res.summary, res.run, n, how)
+        n += 1
+
+
+def run_factory(
+    arrivals: Sequence[Arrival],
+    name: str,
+    factory: PolicyFactory,
+    setup: Setup,
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """A built policy from the static-mean pool; the oracle from its own first size,
+    with instant start."""
+    policy = factory()
+    n = setup.mean.replicas
+    if isinstance(policy, Oracle):
+        instant = dataclasses.replace(setup.shape, startup_s=0.0)
+        return run_policy(
+            arrivals,
+            policy,
+            dataclasses.replace(setup, shape=instant),
+            policy.initial_replicas,
+            seed=seed,
+            spares=spares,
+            progress=progress,
+            note=f"foresight, instant start, {min(policy.sizes)}..{max(policy.sizes)}",
+        )
+    return run_policy(
+        arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress,
+        note=f"starts at {n}",
+    )  # fmt: skip
+
+
+def compare(
+    arrivals: Sequence[Arrival],
+    setup: Setup,
+    factories: Mapping[str, PolicyFactory],
+    *,
+    seed: int = 0,
+    spares: Spares | None = None,
+    progress: Callable[[str], Progress] | None = None,
+    statics: Sequence[str] = STATIC,
+    reuse: Mapping[str, Result] | None = None,
+) -> list[Result]:
+    """The `statics` asked for (both by default), then each factory's policy, in
+    `ORDER`. `reuse`: results to take as they are instead of replaying (in a start-up
+    sweep, the static pools, which start ready and never scale, and the oracle, which
+    starts instantly: the delay cannot change them)."""
+    spares = spares or Spares()
+    reuse = reuse or {}
+
+    def hook(name: str) -> Progress | None:
+        return progress(name) if progress else None
+
+    out = []
+    if "static-peak" in statics:
+        out.append(
+            reuse.get("static-peak")
+            or static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))
+        )
+    n = setup.mean.replicas
+    if "static-mean" in reuse and "static-mean" in statics:
+        out.append(reuse["static-mean"])
+    elif "static-mean" in statics:
+        mean = StaticPolicy("static-mean", n, setup.interval_s)
+        out.append(
+            run_policy(
+                arrivals,
+                mean,
+                setup,
+                n,
+                seed=seed,
+                spares=spares,
+                progress=hook("static-mean"),
+                note=f"{n} from an average interval",
+            )
+        )
+    for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
+        if name in reuse:
+            out.append(reuse[name])
+            continue
+        out.append(
+            run_factory(
+                arrivals,
+                name,
+                factories[name],
+                setup,
+                seed=seed,
+                spares=spares,
+                progress=hook(name),
+            )
+        )
+    return out

@@ -1,0 +1,362 @@
+"""The replay's model-server pool: replicas that start, serve and drain, each one a
+`VirtualEngine` (the simulator's own scheduler in virtual time), and the EPP's default
+routing in front of them.
+
+Lifecycle (issue 8 item 6; what the live connectors do): a replica the planner adds
+holds its GPUs from the decision on, but serves only after `startup_s` (a new vLLM
+loads weights and captures graphs for minutes). A replica it removes is drained: it
+takes no new request, finishes those it holds, and frees its GPUs when the last one
+completes. No request is ever dropped; requests that arrive while no replica is ready
+wait in the EPP (as `director.py`'s scale-from-zero hold queue does) and are routed
+when one is.
+
+Routing is GIE's default scheduling profile (reference gie-epp.md §3.3 and the default
+config it lists: `queue-scorer` weight 2, `kv-cache-utilization-scorer` 2,
+`prefix-cache-scorer` 3, `max-score-picker` with a random tie-break):
+queue = (max q - q)/(max q - min q) over the ready replicas (1 when all equal),
+kv = 1 - KV use, prefix = leading trace blocks the replica was sent / blocks in the
+request, from an approximate index like `approx-prefix-cache-producer` (per replica an
+LRU of block ids as large as its KV cache; a walk stops at the first block no replica
+has). Scores read the engines' exact state at the arrival, where GIE reads metrics
+scraped every 50 ms; at these arrival rates the difference is one step's progress.
+
+Fleet scale (issue 15): routing reads every ready replica at every arrival, but most
+replicas are inside a planned decode run that nothing needs carried out yet. The pool
+keeps a heap of each engine's `due_after` time and advances only the engines whose
+time has passed; the others are read in closed form at the arrival (`load(at)`). The
+ready list and the replicas that may change state (starting, draining) are kept as
+they change instead of filtered from every replica per arrival. `lazy=False` walks
+every replica as before: the tests check both give the same replay to the bit.
+
+Pure: no clock, no I/O; the caller moves time forward.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from epp.planner.core.types import EndpointLoad, Replicas, Role
+from epp.sim.config import SimConfig
+from epp.sim.virtual import Finished, Load, VirtualEngine
+
+# GIE default profile weights (gie-epp.md "Default profile: queue(2) + kv(2) + prefix(3)").
+QUEUE_WEIGHT, KV_WEIGHT, PREFIX_WEIGHT = 2.0, 2.0, 3.0
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    GONE = "gone"  # released its GPUs (drained, or cancelled while starting)
+
+
+@dataclass(eq=False)
+class Replica:
+    name: str
+    role: Role
+    engine: VirtualEngine
+    gpus: int
+    started_at: float  # GPUs held from here
+    ready_at: float
+    state: State = State.STARTING
+    released_at: float = math.inf  # GPUs freed here
+    drain_from: float = math.inf  # asked to drain here
+    last_finish: float = 0.0
+    in_flight: int = 0  # requests routed here and not yet finished
+    prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    seq: int = 0  # start order (the order every per-replica walk keeps)
+    due_version: int = 0  # the pool's heap entry for this replica that is current
+
+    def gpu_seconds(self, start: float, end: float) -> float:
+        """GPU-seconds this replica held within [start, end)."""
+        lo, hi = max(start, self.started_at), min(end, self.released_at)
+        return max(0.0, hi - lo) * self.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """What every replica is: the simulated server, its GPUs, how long it takes to start."""
+
+    sim: SimConfig
+    gpus_per_replica: int = 1
+    startup_s: float = 120.0
+    block_tokens: int = 512  # the trace's prefix-block size (Mooncake: 512)
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_replica < 1:
+            raise ValueError("gpus_per_replica must be >= 1")
+        if self.startup_s < 0 or not math.isfinite(self.startup_s):
+            raise ValueError("startup_s must be a non-negative number of seconds")
+
+
+class Spares:
+    """Idle engines kept for reuse, per server shape (`VirtualEngine.reset` makes them
+    fresh replicas): replays that start replicas often, or run one after another, skip
+    rebuilding the KV block pool each time."""
+
+    def __init__(self, *, macro: bool = True) -> None:
+        self.macro = macro  # False: step every engine step singly (to measure the jump)
+        self._idle: dict[tuple[SimConfig, int], list[VirtualEngine]] = {}
+
+    def get(self, sim: SimConfig, block_tokens: int) -> VirtualEngine:
+        stack = self._idle.get((sim, block_tokens))
+        if stack:
+            return stack.pop()
+        return VirtualEngine(sim, block_tokens=block_tokens, macro=self.macro)
+
+    def put(self, engine: VirtualEngine) -> None:
+        if not engine.idle:
+            return  # still busy (a run that gave up): not reusable
+        engine.reset()
+        self._idle.setdefault((engine.config, engine.block_tokens), []).append(engine)
+
+
+class Pool:
+    """One role's replicas (an aggregated pool: every replica prefills and decodes)."""
+
+    def __init__(
+        self,
+        shape: PoolShape,
+        *,
+        role: Role = Role.AGGREGATED,
+        seed: int = 0,
+        spares: Spares | None = None,
+        lazy: bool = True,
+    ) -> None:
+        self.shape = shape
+        self.role = role
+        self.spares = spares or Spares()
+        self.replicas: list[Replica] = []  # every replica the run started (lifetimes)
+        self._live: list[Replica] = []  # those not GONE: what every per-arrival loop walks
+        self._rng = random.Random(seed)
+        self.steps = 0  # engine steps of retired replicas (the rest: ask their engines)
+        self._next = 0
+        self._prefix_capacity = max(1, shape.sim.kv_capacity_tokens // shape.block_tokens)
+        self.lazy = lazy
+        self.now = 0.0  # the last advance_to target
+        self._due: list[tuple[float, int, int, Replica]] = []  # (due_after, version, seq, r)
+        self._ready: list[Replica] | None = None  # READY replicas in start order (cache)
+        self._pending: list[Replica] = []  # STARTING or DRAINING: what update() looks at
+
+    # -- membership --------------------------------------------------------------------
+
+    def start(self, now: float, *, ready: bool = False) -> Replica:
+        """A new replica holding its GPUs from `now`, serving after the start-up delay
+        (at once with `ready`: the pool a run begins with)."""
+        name = f"{self.role.value}-{self._next}"
+        self._next += 1
+        engine = self.spares.get(self.shape.sim, self.shape.block_tokens)
+        ready_at = now if ready else now + self.shape.startup_s
+        rep = Replica(name, self.role, engine, self.shape.gpus_per_replica, now, ready_at)
+        rep.seq = self._next - 1
+        if ready:
+            rep.state = State.READY
+            self._ready = None
+        else:
+            self._pending.append(rep)
+        self.replicas.append(rep)
+        self._live.append(rep)
+        return rep
+
+    def live(self) -> list[Replica]:
+        return list(self._live)
+
+    def of(self, state: State) -> list[Replica]:
+        if state is State.READY:
+            return list(self._ready_list())
+        pool = self.replicas if state is State.GONE else self._live
+        return [r for r in pool if r.state is state]
+
+    def _ready_list(self) -> list[Replica]:
+        if self._ready is None:
+            self._ready = [r for r in self._live if r.state is State.READY]
+        return self._ready
+
+    def load(self, r: Replica) -> Load:
+        """`r`'s load now (as of the last `advance_to`)."""
+        return r.engine.load(self.now)
+
+    def counts(self) -> Replicas:
+        c = {s: 0 for s in State}
+        for r in self._live:
+            c[r.state] += 1
+        return Replicas(c[State.READY], c[State.STARTING], c[State.DRAINING])
+
+    def update(self, now: float) -> None:
+        """Starting replicas whose delay has passed become ready; drained ones free
+        their GPUs (at their last completion)."""
+        if not self._pending:
+            return
+        gone = False
+        for r in self._pending:  # in start order, as every walk of the replicas
+            if r.state is State.STARTING and r.ready_at <= now:
+                r.state = State.READY
+                self._ready = None
+            elif r.state is State.DRAINING and r.in_flight == 0:
+                r.state = State.GONE
+                r.released_at = max(r.last_finish, r.drain_from)
+                self._retire(r)
+                gone = True
+        self._pending = [r for r in self._pending if r.state in (State.STARTING, State.DRAINING)]
+        if gone:
+            self._prune()
+
+    def _prune(self) -> None:
+        self._live = [r for r in self._live if r.state is not State.GONE]
+
+    def _retire(self, r: Replica) -> None:
+        self.steps += r.engine.scheduler.stats.steps
+        self.spares.put(r.engine)
+
+    def close(self) -> None:
+        """The run is over: hand every idle engine back to the spares."""
+        for r in self._live:
+            self._retire(r)
+
+    def scale_to(self, target: int, now: float, prefer_drain: Sequence[str] = ()) -> int:
+        """Bring ready + starting to `target`: start new replicas, or cancel starting
+        ones (newest first: they hold no work) and then drain ready ones (those named
+        first, then the least in-flight work). Returns the change in replicas."""
+        starting = self.of(State.STARTING)
+        ready = self.of(State.READY)
+        have = len(starting) + len(ready)
+        if target > have:
+            for _ in range(target - have):
+                self.start(now)
+            return target - have
+        excess = have - target
+        for r in reversed(starting):
+            if excess == 0:
+                break
+            r.state = State.GONE
+            r.released_at = now
+            self._retire(r)
+            excess -= 1
+        self._prune()
+        self._ready = None
+        named = {n: i for i, n in enumerate(prefer_drain)}
+        order = sorted(
+            ready,
+            key=lambda r: (
+                named.get(r.name, len(named)),
+                r.in_flight,
+                r.engine.load(max(self.now, now)).in_flight_tokens,
+                r.name,
+            ),
+        )
+        for r in order[:excess]:
+            r.state = State.DRAINING
+            r.drain_from = now
+        self._pending = sorted(
+            [r for r in self._pending if r.state is not State.GONE] + order[:excess],
+            key=lambda r: r.seq,
+        )
+        return target - have
+
+    # -- time --------------------------------------------------------------------------
+
+    def advance_to(self, t: float) -> list[Finished]:
+        """Run every live replica up to `t`; what completed (finish times may pass `t` by
+        the step in progress). Lazily: only the engines due before `t` (module doc)."""
+        self.now = max(self.now, t)
+        done: list[Finished] = []
+        if not self.lazy:
+            for r in self._live:
+                if r.state is not State.STARTING:
+                    self._step(r, t, done)
+            return done
+        heap, moved = self._due, []
+        while heap and heap[0][0] < t:
+            _, version, _, r = heapq.heappop(heap)
+            if version == r.due_version and r.state is not State.GONE:
+                self._step(r, t, done)
+                moved.append(r)
+        for r in moved:
+            self._schedule(r)
+        return done
+
+    def _step(self, r: Replica, t: float, done: list[Finished]) -> None:
+        r.engine.advance_to(t)
+        finished = r.engine.drain_finished()
+        if finished:
+            r.in_flight -= len(finished)
+            r.last_finish = max(r.last_finish, max(f.finish for f in finished))
+            done += finished
+
+    def _schedule(self, r: Replica) -> None:
+        """(Re)enter `r` in the heap at its engine's `due_after` (older entries lapse)."""
+        r.due_version += 1
+        due = r.engine.due_after()
+        if due < math.inf:
+            heapq.heappush(self._due, (due, r.due_version, r.seq, r))
+
+    # -- routing -----------------------------------------------------------------------
+
+    def route(self, rid: int, isl: int, osl: int, at: float, hash_ids: Sequence[int]) -> Replica:
+        """Send a request to the best-scoring ready replica (call `advance_to(at)` first);
+        raises LookupError when none is ready."""
+        ready = self._ready_list()
+        if not ready:
+            raise LookupError("no ready replica")
+        now = max(self.now, at)
+        signals = [r.engine.signals(now) for r in ready]
+        scores = _scores(signals, self._prefix_matches(ready, hash_ids), len(hash_ids))
+        best = max(scores)
+        tied = [i for i, s in enumerate(scores) if s == best]
+        rep = ready[tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]]
+        rep.engine.add(rid, isl, osl, at, hash_ids)
+        if self.lazy:
+            self._schedule(rep)
+        rep.in_flight += 1
+        self._remember(rep, hash_ids)
+        return rep
+
+    def _prefix_matches(self, ready: list[Replica], hash_ids: Sequence[int]) -> list[int]:
+        matches = [0] * len(ready)
+        if not hash_ids:
+            return matches
+        for h in hash_ids:
+            holders = [i for i, r in enumerate(ready) if h in r.prefix]
+            if not holders:
+                break
+            for i in holders:
+                matches[i] += 1
+        return matches
+
+    def _remember(self, rep: Replica, hash_ids: Sequence[int]) -> None:
+        lru = rep.prefix
+        for h in hash_ids:
+            lru[h] = None
+            lru.move_to_end(h)
+        while len(lru) > self._prefix_capacity:
+            lru.popitem(last=False)
+
+    # -- what the planner sees ---------------------------------------------------------
+
+    def endpoints(self) -> list[EndpointLoad]:
+        out = []
+        for r in self.of(State.READY):
+            load = r.engine.load(self.now)
+            out.append(EndpointLoad(r.name, r.role, load.in_flight_requests, load.in_flight_tokens))
+        return out
+
+    def gpu_seconds(self, start: float, end: float) -> float:
+        return sum(r.gpu_seconds(start, end) for r in self.replicas)
+
+
+def _scores(signals: list[tuple[int, float]], matches: list[int], blocks: int) -> list[float]:
+    """GIE's weighted sum per replica from (waiting, KV use) (`VirtualEngine.signals`)."""
+    qs = [w for w, _ in signals]
+    lo, hi = min(qs), max(qs)
+    out = []
+    for (waiting, kv), m in zip(signals, matches, strict=True):
+        queue = 1.0 if hi == lo else (hi - waiting) / (hi - lo)
+        prefix = m / blocks if blocks else 0.0
+        out.append(QUEUE_WEIGHT * queue + KV_WEIGHT * (1.0 - kv) + PREFIX_WEIGHT * prefix)
+    return out
