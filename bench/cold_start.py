@@ -26,8 +26,8 @@ import aiohttp
 from epp.harness.envoy import EnvoyOptions, astart_envoy
 from epp.harness.procs import ProcessGroup
 from epp.planner.core.config import load_planner_file
-from epp.planner.core.types import Role
 from epp.planner.live.loop import ManualTicks
+from epp.records import Role
 from epp.serve import EppServer, ServeOptions
 
 

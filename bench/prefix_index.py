@@ -26,11 +26,11 @@ import sys
 import time
 
 from epp.composition import install_plugins
+from epp.config.params import parse_params
 from epp.datalayer.kv_decode import BlockStored
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.headers import REQUEST_ID
 from epp.request import new_request, parse_body
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import Handle
 from epp.scheduling.types import CycleState
 

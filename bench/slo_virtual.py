@@ -45,7 +45,7 @@ from bench.slo_configs import NO_PREDICTOR, add_workload_args, write_without_pre
 from epp.composition import install_plugins  # noqa: E402
 from epp.config.loader import load_config_file, load_default_config  # noqa: E402
 from epp.datastore import EndpointMetrics  # noqa: E402
-from epp.planner.core.window import RequestRecord  # noqa: E402
+from epp.records import RequestRecord  # noqa: E402
 from epp.request import InferenceRequest, new_request, parse_body  # noqa: E402
 from epp.scheduling.registry import Handle  # noqa: E402
 from epp.scheduling.types import ProfileResult, SchedulingResult  # noqa: E402

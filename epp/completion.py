@@ -28,7 +28,7 @@ from epp.observability import (
     REQUEST_TTFT,
     plugin_timer,
 )
-from epp.planner.core.window import RequestRecord
+from epp.records import RequestRecord
 from epp.request import InferenceRequest
 from epp.response import ResponseMeter
 from epp.roles import role_of

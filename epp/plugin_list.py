@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from epp.composition import install_plugins
-from epp.scheduling.params import describe
+from epp.config.params import describe
 from epp.scheduling.registry import NOT_YET_IMPLEMENTED, PluginImportError
 
 

@@ -12,8 +12,7 @@ import math
 from collections.abc import Iterable
 
 from epp.datastore import Endpoint, EndpointSnapshot
-from epp.planner.core.types import Role
-from epp.planner.core.window import PoolSample
+from epp.records import PoolSample, Role
 
 # llm-d's label values: "prefill", "decode", "both" (or none) for an aggregated server.
 _ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE}

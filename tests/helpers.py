@@ -44,7 +44,7 @@ def completion(prompt: str = "hello", model: str = "m", **extra: object) -> Infe
 def plugin(type_name: str, params: object = None, seed: int = 0, name: str | None = None):
     spec = PLUGIN_TYPES.lookup(type_name)
     assert spec is not None, type_name
-    from epp.scheduling.params import parse_params
+    from epp.config.params import parse_params
 
     return spec.build(
         name or type_name, parse_params(spec.params, params), Handle(rng=random.Random(seed))

@@ -20,6 +20,7 @@ import yaml
 
 from epp.admission import SaturationDetector
 from epp.config.errors import ConfigError
+from epp.config.params import parse_params
 from epp.flowcontrol.config import FlowControlConfig, parse_flow_control
 from epp.scheduling.interfaces import (
     DataProducer,
@@ -31,7 +32,6 @@ from epp.scheduling.interfaces import (
     ProfileHandler,
     Scorer,
 )
-from epp.scheduling.params import parse_params
 from epp.scheduling.profile import SchedulerProfile, WeightedScorer
 from epp.scheduling.registry import (
     NOT_YET_IMPLEMENTED,

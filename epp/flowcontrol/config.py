@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epp.config.errors import ConfigError
+from epp.config.params import param, parse_params
 from epp.flowcontrol.queue import FCFS, ROUND_ROBIN, BandLimits
-from epp.scheduling.params import param, parse_params
 from epp.scheduling.registry import NOT_YET_IMPLEMENTED, Handle, Registry
 
 GiB = 1 << 30

@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import ctypes
 import os
-import random
 import re
 import shutil
 import signal
@@ -39,44 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from epp.procs import astop_then_kill, signal_group, stop_then_kill
+from epp.procs import free_port as free_port  # re-exported: the harness's callers use it
+from epp.procs import free_port_range as free_port_range
+
 DEFAULT_GRACE_S = 5.0
 DEFAULT_READY_TIMEOUT_S = 30.0
 _POLL_S = 0.05
 _TAIL_LINES = 40
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago.
-
-    Racy by nature (someone may grab it before the child binds it); good enough for tests and
-    local runs, where a collision shows up as a clear "child died" error with the bind failure.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_range(n: int, host: str = "0.0.0.0") -> int:
-    """A base port p with p .. p+n-1 all free a moment ago (`epp sim --replicas n`, KV-event
-    ports per replica). Drawn below Linux's ephemeral range (32768+), where `free_port`'s
-    and every client socket's ports come from, so a neighbour of a free port is not taken
-    by the next outgoing connection; racy in the same way as `free_port` otherwise."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32768 - n)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(s)
-                s.bind((host, port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} consecutive free ports in 20000-32767")
 
 
 class ProcessError(RuntimeError):
@@ -214,10 +183,8 @@ class ManagedProcess:
 
     def signal_group(self, sig: int) -> None:
         """Signal the child's whole process group (it leads its own session)."""
-        if self.finished:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+        if not self.finished:
+            signal_group(self.pid, sig)
 
     def stop(self) -> int | None:
         _stop_all([self], self.grace_s)
@@ -411,11 +378,10 @@ def _timeout_error(proc: ManagedProcess, ready: Readiness, timeout: float) -> Pr
 # ---------------------------------------------------------------- stopping (shared)
 
 
-def _terminate(procs: Sequence[ManagedProcess]) -> float:
+def _terminate(procs: Sequence[ManagedProcess]) -> None:
     for p in procs:
         if p.alive():
             p.signal_group(signal.SIGTERM)
-    return time.monotonic()
 
 
 def _kill_leftovers(procs: Sequence[ManagedProcess]) -> None:
@@ -428,17 +394,21 @@ def _kill_leftovers(procs: Sequence[ManagedProcess]) -> None:
 
 
 def _stop_all(procs: Sequence[ManagedProcess], grace_s: float) -> None:
-    started = _terminate(procs)
-    while any(p.alive() for p in procs) and time.monotonic() - started < grace_s:
-        time.sleep(_POLL_S)
-    _kill_leftovers(procs)
+    stop_then_kill(
+        lambda: _terminate(procs),
+        lambda: _kill_leftovers(procs),
+        lambda: any(p.alive() for p in procs),
+        grace_s,
+    )
 
 
 async def _astop_all(procs: Sequence[ManagedProcess], grace_s: float) -> None:
-    started = _terminate(procs)
-    while any(p.alive() for p in procs) and time.monotonic() - started < grace_s:
-        await asyncio.sleep(_POLL_S)
-    _kill_leftovers(procs)
+    await astop_then_kill(
+        lambda: _terminate(procs),
+        lambda: _kill_leftovers(procs),
+        lambda: any(p.alive() for p in procs),
+        grace_s,
+    )
 
 
 # ---------------------------------------------------------------- parent death

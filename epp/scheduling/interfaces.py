@@ -15,7 +15,7 @@ from epp.request import InferenceRequest
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult, ScoredEndpoint
 
 if TYPE_CHECKING:
-    from epp.planner.core.window import RequestRecord
+    from epp.records import RequestRecord
     from epp.scheduling.profile import SchedulerProfile
 
 

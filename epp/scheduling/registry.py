@@ -17,9 +17,9 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
 
+from epp.config.params import NoParams
 from epp.datastore import Endpoint
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import NoParams
 
 
 def _no_endpoints() -> list[Endpoint]:

@@ -4,33 +4,37 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from importlib import resources
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from epp.datastore import Datastore
 from epp.observability import REGISTRY
+from epp.planner.live.loop import PlannerThread
+from epp.status.ring import DecisionRing
 from epp.status.snapshot import status
-
-if TYPE_CHECKING:
-    from epp.serve import EppServer
 
 PAGE = resources.files("epp.status").joinpath("page.html").read_bytes()
 
 
-def add_status_routes(app: web.Application, server: EppServer) -> None:
+def add_status_routes(
+    app: web.Application,
+    *,
+    pool_name: str,
+    datastore: Datastore,
+    decisions: DecisionRing,
+    planner: Callable[[], PlannerThread | None],
+    commit: Callable[[], str],
+) -> None:
+    """`planner` and `commit` are read per request: the planner starts after the page
+    is served, and the commit is read once the server has started."""
+
     async def page(_: web.Request) -> web.Response:
         return web.Response(body=PAGE, content_type="text/html", charset="utf-8")
 
     async def status_json(_: web.Request) -> web.Response:
-        body = status(
-            server.options.pool_name,
-            server.datastore,
-            server.decisions,
-            REGISTRY,
-            server.planner,
-            server.commit,
-        )
+        body = status(pool_name, datastore, decisions, REGISTRY, planner(), commit())
         return web.Response(
             text=json.dumps(_finite(body)),
             content_type="application/json",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.config.params import NoParams, param
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import NoParams, param
 from epp.scheduling.registry import Handle, register
 
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from epp.config.params import NoParams, param
 from epp.flowcontrol.queue import EDF, FCFS, GLOBAL_STRICT, ROUND_ROBIN, SLO_DEADLINE
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import NoParams, param
 from epp.scheduling.registry import Handle, register
 
 

@@ -37,11 +37,11 @@ import logging
 import math
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.datastore import EndpointSnapshot
-from epp.planner.core.window import RequestRecord
+from epp.records import RequestRecord
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
 from plugins.latency.features import FEATURE_SETS, EndpointHistory

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle
 
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.datastore import EndpointSnapshot
 from epp.prompt_tokens import prompt_token_ids
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
 from epp.tokenizer import Tokenizer, load_tokenizer

@@ -36,13 +36,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.datalayer.kv_decode import EventBatch
 from epp.datalayer.kvevents import MODES, KVEventSubscriber
 from epp.datastore import EndpointSnapshot
 from epp.prompt_tokens import prompt_token_ids
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
 from plugins.prefix import metrics

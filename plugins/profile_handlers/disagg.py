@@ -30,12 +30,12 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from epp.config.params import param
 from epp.errors import EppError, unavailable
 from epp.headers import PREFILLER_HOST_PORT
 from epp.observability import REGISTRY
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.profile import SchedulerProfile
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult

@@ -26,11 +26,11 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.datastore import EndpointSnapshot
 from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
 

@@ -8,11 +8,11 @@ import pytest
 
 from epp.admission import Admission, Objectives, load_objectives_file, parse_objectives
 from epp.config.errors import ConfigError
+from epp.config.params import parse_params
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director
 from epp.errors import EppError
 from epp.request import new_request, parse_body
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState
 from tests.helpers import completion, snap

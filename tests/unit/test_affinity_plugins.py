@@ -10,10 +10,10 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_file
+from epp.config.params import parse_params
 from epp.datastore import EndpointSnapshot
 from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest, new_request, parse_body
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo

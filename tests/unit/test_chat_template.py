@@ -16,10 +16,10 @@ import random
 import pytest
 
 from epp.chat_template import ChatTemplate, TemplateRenderError
+from epp.config.params import parse_params
 from epp.datastore import Endpoint
 from epp.prompt_tokens import TEMPLATE_FALLBACKS, encode_request, prompt_token_ids
 from epp.request import new_request, parse_body
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState
 from epp.tokenizer import HFTokenizer, load_tokenizer

@@ -213,7 +213,7 @@ def test_shipped_configs_load():
     assert files, "config/ ships at least default.yaml"
     for f in files:
         if f.name == "planner.yaml":  # a planner file (epp serve --planner), not a plugin config
-            from epp.serve import load_planner
+            from epp.planner.live.loading import load_planner
 
             load_planner(str(f))
             continue

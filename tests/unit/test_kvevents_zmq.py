@@ -15,8 +15,8 @@ from collections.abc import Callable
 import pytest
 import zmq
 
+from epp.config.params import parse_params
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState
 from epp.tokenizer import SimpleTokenizer

@@ -225,8 +225,8 @@ def test_queue_features_scale_the_wait_by_the_endpoint_history():
 
 
 def test_history_keeps_only_the_pool_endpoints_after_a_pool_change():
+    from epp.config.params import parse_params
     from epp.datastore import Endpoint
-    from epp.scheduling.params import parse_params
     from epp.scheduling.registry import PLUGIN_TYPES, Handle
 
     pool = [Endpoint("a", "10.0.0.1", 8000), Endpoint("b", "10.0.0.2", 8000)]
@@ -266,7 +266,7 @@ def test_learns_how_far_the_server_is_into_the_step_in_progress():
     tokens − 0.9 · age of the oldest pending request (the step's elapsed part). Token
     counts alone cannot tell a step that just started from one about to end; with the
     age learned (from the record's routing time), the two are told apart."""
-    from epp.scheduling.params import parse_params
+    from epp.config.params import parse_params
     from epp.scheduling.registry import PLUGIN_TYPES, Handle
 
     clock = [0.0]

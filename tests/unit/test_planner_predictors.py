@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from epp.config.errors import ConfigError
+from epp.config.params import parse_params
 from epp.planner.core.predictors import (
     LoadPredictors,
     PredictorParams,
@@ -21,7 +22,6 @@ from epp.planner.core.predictors.arima import ArimaPredictor, search_order
 from epp.planner.core.predictors.constant import ConstantPredictor
 from epp.planner.core.predictors.kalman import KalmanPredictor
 from epp.planner.offline.traces import IntervalLoad
-from epp.scheduling.params import parse_params
 
 ALL = ("constant", "kalman", "arima")  # prophet: tests/unit/test_planner_prophet.py
 

@@ -20,8 +20,8 @@ from epp.planner.offline.traces import (
 )
 from epp.planner.tracefile import load_trace
 
-# CI clones the repo with ../shared beside it (as on this machine).
-SHARED_TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+# The first minutes of the two public traces (tests/data/traces/README.md says where from).
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 MOONCAKE = """\
 {"timestamp": 1000, "input_length": 100, "output_length": 10, "hash_ids": [0, 1]}
@@ -136,18 +136,18 @@ def test_bucket_keeps_empty_middle_intervals():
         bucket(arrivals, 0)
 
 
-def test_the_shared_traces_parse_and_bucket():
-    """The real files (../shared/traces beside the repo, as in CI): counts and spans of
-    ../shared/traces/README.md (3,993 requests over 17 min; 19,366 over 58 min)."""
-    mooncake = load_trace(SHARED_TRACES / "mooncake-synthetic.jsonl")
-    azure = load_trace(SHARED_TRACES / "azure-llm-conv-2023.csv")
-    assert len(mooncake) == 3993 and 16 * 60 < mooncake[-1].t_s < 18 * 60
-    assert len(azure) == 19366 and 57 * 60 < azure[-1].t_s < 59 * 60
+def test_the_public_traces_parse_and_bucket():
+    """The first minutes of the real files (Mooncake's FAST'25 synthetic trace, Azure's
+    2023 conversation trace): counts and spans as counted from the full files' rows."""
+    mooncake = load_trace(TRACES / "mooncake-synthetic-2min.jsonl")
+    azure = load_trace(TRACES / "azure-llm-conv-2023-5min.csv")
+    assert len(mooncake) == 427 and 119 < mooncake[-1].t_s < 120
+    assert len(azure) == 1445 and 4 * 60 < azure[-1].t_s < 5 * 60
     assert all(a.hash_ids for a in mooncake) and not any(a.hash_ids for a in azure)
-    # README: mean 15,325 prompt tokens for Mooncake.
-    assert sum(a.isl for a in mooncake) / len(mooncake) == pytest.approx(15325, rel=0.01)
+    # Long prompts: a mean of 13,156 tokens over these two minutes (15,325 over all 17).
+    assert sum(a.isl for a in mooncake) / len(mooncake) == pytest.approx(13156, rel=0.01)
     per_minute = bucket(azure, 60.0)
-    assert len(per_minute) == 59 and sum(b.count for b in per_minute) == 19366
+    assert len(per_minute) == 5 and sum(b.count for b in per_minute) == 1445
 
 
 def test_bursty_has_quiet_minutes_and_bursts_and_is_seeded():

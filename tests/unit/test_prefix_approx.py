@@ -26,7 +26,7 @@ EPS = [A, B, C]
 
 
 def producer(params: dict | None = None, handle: Handle | None = None):
-    from epp.scheduling.params import parse_params
+    from epp.config.params import parse_params
 
     spec = PLUGIN_TYPES.lookup("approx-prefix-cache-producer")
     assert spec is not None

@@ -12,9 +12,9 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
+from epp.config.params import parse_params
 from epp.datalayer.kvevents import KVEventSubscriber
 from epp.datastore import Endpoint
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from epp.tokenizer import SimpleTokenizer

@@ -15,8 +15,8 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_text
+from epp.config.params import parse_params
 from epp.harness.procs import free_port
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from plugins.prefix import spec_sync
 from tests.helpers import completion

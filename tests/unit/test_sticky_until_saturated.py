@@ -12,9 +12,9 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.config.loader import load_config_file
+from epp.config.params import parse_params
 from epp.datastore import Datastore, Endpoint, EndpointSnapshot
 from epp.director import Director
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo

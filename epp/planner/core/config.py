@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 
 from epp.config.errors import ConfigError
+from epp.config.params import describe, fields_by_yaml_name, param, parse_params
 from epp.planner.core.budget import min_gpus_needed
 from epp.planner.core.predictors import PredictorParams
 from epp.planner.core.types import Role
-from epp.scheduling.params import describe, fields_by_yaml_name, param, parse_params
 
 MODES = ("load", "sla", "dynamo")
 POOLS = ("aggregated", "disaggregated")

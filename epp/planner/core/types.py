@@ -17,19 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
+from epp.records import Role
+
 NAN = math.nan
-
-
-class Role(StrEnum):
-    """A replica's job, as the `llm-d.ai/role` label spells it. An aggregated pool has
-    one role; a disaggregated (P/D) pool has two."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-    AGGREGATED = "aggregated"
 
 
 @dataclass(frozen=True, slots=True)

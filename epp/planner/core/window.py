@@ -15,37 +15,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from epp.planner.core.types import EndpointLoad, Observation, Replicas, Role, RoleLoad, Stats
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """One finished request as the response path measured it."""
-
-    finished_at: float
-    isl: int
-    osl: int
-    ttft_ms: float
-    itl_ms: float  # mean gap between output tokens; NaN with fewer than two tokens
-    duration_s: float
-    cached_tokens: int = 0
-    ok: bool = True
-    endpoint: str = ""  # the endpoint that answered (the primary pick)
-    role: Role | None = None  # its role; None when not known
-    status: int = 0  # HTTP status of the response; 0 when none arrived (reset, disconnect)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSample:
-    """One role's load read at one instant (one `metric-pulling-interval` tick)."""
-
-    role: Role
-    waiting: int  # requests queued, summed over the role's ready replicas
-    running: int
-    kv_mean: float  # mean KV-cache use over the role's ready replicas, 0..1
-    ready: int
+from epp.records import PoolSample, RequestRecord
 
 
 class IntervalWindow:

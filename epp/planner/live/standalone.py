@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> tuple[PlannerConfig, object, PrometheusSource]:
     """Everything checked before anything starts; raises ConfigError."""
-    from epp.serve import load_planner
+    from epp.planner.live.loading import load_planner
 
     if not args.prometheus.startswith(("http://", "https://")):
         raise ConfigError(

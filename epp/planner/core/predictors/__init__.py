@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from epp.config.params import param
 from epp.planner.core.predictors.base import BufferedPredictor, Predictor
 from epp.planner.core.predictors.constant import ConstantPredictor
 from epp.planner.core.types import PredictedLoad
-from epp.scheduling.params import param
 
 PREDICTOR_NAMES = ("constant", "arima", "kalman", "prophet")
 

@@ -8,8 +8,8 @@ from a command template per role (`epp sim --port {port}`, or a real vLLM comman
   ready ones (`drain.Drain`: out of scheduling at once, wait for the EPP's in-flight
   count to reach 0, stop after `drain-timeout` regardless): 0 failed requests where
   Dynamo's SIGTERM drops them (#13559).
-- **Stop** (SIGTERM to the group, SIGKILL after a grace period), as
-  `epp.harness.procs` does.
+- **Stop** (SIGTERM to the group, SIGKILL after a grace period): `epp.procs`, the
+  code the harness stops its children with.
 - **P/D pools**: prefill and decode replicas from their own command templates, each
   role scaled on its own. Each decode replica gets its `epp sidecar`
   (`decode-sidecar-command`) in the decode server's process group, so one signal stops
@@ -56,11 +56,11 @@ from pathlib import Path
 import aiohttp
 
 from epp.datastore import ROLE_LABEL, Datastore, Endpoint
-from epp.harness.procs import free_port
 from epp.planner.core.config import LiveParams
 from epp.planner.core.drain import Drain, DrainStep
 from epp.planner.core.types import Replicas, Role
 from epp.planner.live.connectors.statefile import WorkerRecord, decode, encode
+from epp.procs import astop_then_kill, free_port, signal_group
 from epp.sidecar.allowlist import ALLOWLIST_RECHECK_S
 
 log = logging.getLogger("epp.planner.local")
@@ -340,13 +340,13 @@ class LocalConnector:
         pid = w.record.pid
         if w.popen is None and not self._running(w):
             return  # an adopted pid that exited (or now runs something else): leave it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = self.clock() + STOP_GRACE_S
-        while self._running(w) and self.clock() < deadline:
-            await asyncio.sleep(_POLL_S)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        await astop_then_kill(
+            lambda: signal_group(pid, signal.SIGTERM),
+            lambda: signal_group(pid, signal.SIGKILL),
+            lambda: self._running(w),
+            STOP_GRACE_S,
+            clock=self.clock,
+        )
         for p in (w.popen, w.sidecar):
             if p is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -38,9 +38,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.planner.core.types import Decision, Observation, Role
 from epp.planner.offline.laws.hpa import DEFAULT_BEHAVIOR, TOLERANCE, Hpa, desired_for_average
-from epp.scheduling.params import param
 
 NAME = "keda-queue"
 KEEPALIVE_WINDOW_S = 60.0  # rate(...[1m])

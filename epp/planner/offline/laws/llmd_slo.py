@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.planner.core.types import Decision, Observation, Role, Stats
 from epp.planner.offline.laws.hpa import (
     TOLERANCE,
@@ -44,7 +45,6 @@ from epp.planner.offline.laws.hpa import (
     Rules,
     desired_for_average,
 )
-from epp.scheduling.params import param
 
 NAME = "llm-d-slo"
 
