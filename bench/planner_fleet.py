@@ -1,14 +1,14 @@
 """Issue 15's table: `epp plan replay --compare --sweep-startup ... --json` files (and
 single-policy runs' files, merged in by trace, rate scale and start-up delay) turned
 into one markdown table per trace and rate scale, with the `epp` row checked against
-the issue's targets.
+the targets.
 
     .venv/bin/python bench/planner_fleet.py RUN.json [RUN.json ...] [--pareto-dir DIR]
 
 `--pareto-dir` draws the Pareto view of each trace and rate scale from the merged runs
 (`plots.plot_pareto`), so policies replayed in separate runs share one plot.
 
-Each `epp` row is judged on (issue 15 "What it must show"):
+Each `epp` row is judged on:
 - >= 99 % of requests within both SLAs, >= 95 % in every 5-minute window;
 - against each of `llm-d-slo`, `keda-queue` and `dynamo`: <= 0.9x its GPU-hours at
   equal or better request attainment (the issue: a user wants to see `epp` beat all of
@@ -60,7 +60,7 @@ def merge(paths: list[Path]) -> dict[tuple[str, float], dict[float, dict[str, An
 
 
 def verdict(ps: dict[str, dict[str, Any]], minutes: float) -> list[str]:
-    """What the `epp` row misses of the issue's targets (empty: all met)."""
+    """What the `epp` row misses of the targets (empty: all met)."""
     e = ps.get("epp")
     if e is None:
         return ["no epp run"]

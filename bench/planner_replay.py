@@ -4,7 +4,7 @@ of the 8B preset, and macro-stepping against single-stepping on the same slice.
     .venv/bin/python bench/planner_replay.py                 # the table in docs/BENCHMARKS.md
     .venv/bin/python bench/planner_replay.py --repeats 1     # quicker
     .venv/bin/python bench/planner_replay.py --rate-scale 17 --time-limit 120 \
-        --replicas 50 --repeats 1 --no-slice                 # fleet scale (issue 15)
+        --replicas 50 --repeats 1 --no-slice                 # fleet scale
 
 Each run replays the whole trace (every request, every engine step) through a static
 pool of N replicas (`static-peak`-like: no scaling, so the figure is the pool model's

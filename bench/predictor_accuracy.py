@@ -1,4 +1,4 @@
-"""Out-of-sample accuracy of `predicted-latency-producer` per load level (issue 10).
+"""Out-of-sample accuracy of `predicted-latency-producer` per load level.
 
 Deterministic and fast: the pool is `epp.sim.virtual.VirtualEngine` replicas (the
 simulator's own scheduler and step-cost model in virtual time, the same code `epp sim`

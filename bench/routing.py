@@ -135,7 +135,7 @@ MATRIX_SETUPS = "rr,lr,epp-load,epp-approx,epp-sticky,epp-precise"
 # with `--setups rr`, docs/BENCHMARKS.md); time scales keep the wall-clock rate within
 # what a 2-core machine pushes through Envoy + EPP + simulator + client.
 SCENARIOS: dict[str, dict[str, object]] = {
-    # The commonest production shape: one system prompt shared by all traffic (issue 16).
+    # The commonest production shape: one system prompt shared by all traffic.
     "one-prefix": dict(groups=1, questions=3000, system_tokens=2000, question_tokens=100),
     # llm-d "73% capacity", scaled: 48 groups' prefixes are ~6x one server's KV cache.
     "many-groups": dict(groups=48, questions=5, system_tokens=2000, question_tokens=200),

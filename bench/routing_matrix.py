@@ -9,7 +9,7 @@ from __future__ import annotations
 BLIND = ("rr", "lr", "epp-load")
 NEW = "epp-sticky"
 
-# "Sustainable" (issue 16's "round-robin's highest sustainable rate", made a rule): a stage
+# "Sustainable" (made a rule): a stage
 # is sustained when the setup (1) served what was offered: output tokens/s >= SERVED x
 # offered requests/s x output tokens per request, with errors <= ERRORS of its requests,
 # and (2) did not build a queue during it: the TTFT p90 of the requests arriving in the
@@ -17,7 +17,7 @@ NEW = "epp-sticky"
 # under FLOOR_S (model time; a 20 -> 31 ms wobble of ~25 requests is not a queue). A
 # setup's knee is its highest rate whose stage and every lower one are sustained.
 SERVED, ERRORS, GROWTH, FLOOR_S = 0.95, 0.01, 1.5, 0.05
-# The prefix win (the issue's bar): >= WIN_TOKS x round-robin's output tokens/s, each at
+# The prefix win (the bar): >= WIN_TOKS x round-robin's output tokens/s, each at
 # its own knee, or TTFT p90 <= 1 / WIN_TTFT of round-robin's at round-robin's knee.
 WIN_TOKS, WIN_TTFT = 2.0, 10.0
 

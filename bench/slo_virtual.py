@@ -1,5 +1,5 @@
 """SLO routing in virtual time: the EPP's real scheduler and configs over simulated servers,
-without processes or a wall clock (issue 10; the noise-free twin of bench/slo_routing.py).
+without processes or a wall clock (the noise-free twin of bench/slo_routing.py).
 
 On a shared 2-core machine `bench/slo_routing.py` measures mostly CPU contention: the
 simulators' steps stretch, and the default profile's attainment ranged 55-78 % over runs

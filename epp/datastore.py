@@ -75,7 +75,7 @@ class EndpointSnapshot:
     # was routed (the datastore's in-flight clock, `Datastore.inflight_clock`); None when
     # every request here has had it. Its age tells how far the server is into the work
     # queued ahead of a new request (a long prompt's prefill step half done leaves half
-    # its time to wait), which the token counts alone cannot (issue 10).
+    # its time to wait), which the token counts alone cannot.
     oldest_pending_at: float | None = None
     healthy: bool = True
     models: frozenset[str] | None = None
@@ -168,7 +168,7 @@ class Datastore:
         self._served: frozenset[str] | None = None  # cache of served_models()
         # The last snapshot, kept up to date incrementally: `snapshot()` rebuilds only the
         # endpoints touched since (`_dirty`), and rechecks staleness for all of them only
-        # once the earliest `healthy_until` has passed (issue 13 §6: at 1,000 endpoints
+        # once the earliest `healthy_until` has passed (at 1,000 endpoints
         # a full pass per request was a large part of the scheduling time).
         self._view: list[EndpointSnapshot] | None = None
         self._index: dict[str, int] = {}

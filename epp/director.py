@@ -303,7 +303,7 @@ class Director:
         """Count the request against each profile's pick. Its prompt counts only the part
         the pick does not hold in cache when a prefix producer ran (as llm-d counts it): an
         8,500-token prompt with 8,000 cached is 500 tokens of prefill, and counting all of
-        it made the affinity gate leave a cached server for a cold one (issue 16)."""
+        it made the affinity gate leave a cached server for a cold one."""
         prompt, output = request.prompt_tokens_estimate, request.expected_output_tokens
         cached: CachedPrompt | None = result.cycle_state.read(PREFIX_MATCH_KEY)
         for res in result.profile_results.values():

@@ -1,6 +1,6 @@
 """Limits on what one client request may cost the EPP, and the server-wide body budget.
 
-Each limit answers a hostile-input probe of issue 13 with a clear 4xx instead of a
+Each limit answers a hostile-input probe (docs/RELIABILITY.md) with a clear 4xx instead of a
 crash, a stall or unbounded memory. Every one is an `epp serve` flag; the defaults are
 here, once.
 

@@ -1,7 +1,7 @@
 """Client-chosen text on its way into a log line: clipped and escaped.
 
 A request id, a model name or a header value comes from the client; printed raw, a
-newline forges a log line, a tab breaks parsers, a megabyte floods the log (issue 13
+newline forges a log line, a tab breaks parsers, a megabyte floods the log (docs/RELIABILITY.md
 §1h). Every log call that prints client text passes it through `clip`.
 """
 

@@ -89,7 +89,7 @@ def adder(child: Any) -> Callable[[float], None]:
     """`add(x)`: what `child.inc(x)` does for a labelled counter or gauge child (x >= 0
     for a counter), in one call. `inc` first checks the child has its label values (a
     resolved child always has) through two more Python calls: eight per request for the
-    director's four updates (issue 13 §6, docs/BENCHMARKS.md "Fifth pass"). The value's
+    director's four updates (docs/BENCHMARKS.md, request-path cost). The value's
     own `inc` keeps prometheus_client's lock and its multiprocess mode. A child without
     that value object (another client version) gets its `inc`."""
     value = getattr(child, "_value", None)
@@ -111,7 +111,7 @@ def labelled(metric: Any, *values: str) -> Any:
 
 
 # A client chooses the model name (body, rewrite header): as a label it must be bounded
-# in count and length, or /metrics grows without limit (issue 13: 50 requests with 1 MB
+# in count and length, or /metrics grows without limit (50 requests with 1 MB
 # names made it 341 MB). Names the pool does not serve share OTHER_MODEL.
 OTHER_MODEL = "other"
 MAX_LABEL_CHARS = 128

@@ -347,7 +347,7 @@ async def _serve(opts: ServeOptions, config: LoadedConfig, seed: int | None) -> 
     # Start-up's objects (modules, protobuf descriptors, the config and its plugins: most
     # of the heap, all kept for the process's life) leave the collector's generations: a
     # full collection then walks what requests left behind, not the whole heap (28.6 ms
-    # per full collection under bench/extproc_cpu.py load, every ~10 s; issue 13 §6).
+    # per full collection under bench/extproc_cpu.py load, every ~10 s).
     gc.freeze()
     log.info("%s", config.describe())
     pool = opts.kubernetes.describe() if opts.kubernetes else f"{len(opts.endpoints)} endpoints"

@@ -3,7 +3,7 @@
 Why: health is "the last good scrape is younger than --metrics-staleness-threshold".
 Judged on the wall clock, a 2 s stall of the EPP's loop (a 28 MB body parsed on it, a
 GC pause, a starved CPU) made every endpoint look stale at once, and every request
-got 503 although no model server had done anything wrong (issue 13 §1d). Staleness
+got 503 although no model server had done anything wrong. Staleness
 must measure how long the *endpoint* has been silent while the EPP was able to listen.
 
 `LoopClock.now()` is `time.monotonic()` minus the time the loop spent stalled: a

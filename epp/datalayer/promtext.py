@@ -110,7 +110,7 @@ class _Finder:
     that finds the lines starting with a wanted name, one that reads such a line, and
     the lines already read (line → (family, sample) or `_SKIP`).
 
-    Why two steps and a cache (issue 13 §6, ~100 → ~40 µs per 25 KB `epp sim` page):
+    Why two steps and a cache (~100 → ~40 µs per 25 KB `epp sim` page):
     finding the few wanted lines among ~300 is a scan of names only, with the names as
     a trie (`vllm:` compared once per line, not once per name); a line that did not
     change since the last scrape is not read again. The costly lines are the info

@@ -1,5 +1,5 @@
 """The scraper on its own thread, so no scrape, parse or scrape timer runs on the loop
-that serves ext_proc (issue 13 §6).
+that serves ext_proc.
 
 `ScraperThread` owns one thread. For `http` endpoints (every shipped shape) it runs a
 `SelectorScraper` there: every endpoint's polling on one `selectors` loop, no asyncio

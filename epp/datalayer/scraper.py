@@ -139,7 +139,7 @@ _CONFIG_FIELDS = frozenset(f.name for f in fields(ScrapeConfig))
 
 # A scrape that timed out although the datastore's clock (a LoopClock in `epp serve`)
 # says it had less than `timeout` of loop time: the EPP was stalled, not the endpoint.
-# Such an attempt neither marks the endpoint failed nor updates it (issue 13 §1d).
+# Such an attempt neither marks the endpoint failed nor updates it.
 INCONCLUSIVE = "inconclusive: the EPP's own event loop stalled during the scrape"
 
 

@@ -1,5 +1,5 @@
 """Every endpoint's polling on one `selectors` loop, without asyncio: the scraper that
-`ScraperThread` runs for `http` endpoints (issue 13 §6).
+`ScraperThread` runs for `http` endpoints.
 
 Why not `MetricsScraper` on an asyncio loop in the thread (what ran before): per scrape
 it paid a task wake-up, a future, an `asyncio.timeout` (a TimerHandle), a sleep (another
@@ -15,7 +15,7 @@ one kept-alive HTTP/1.1 connection per endpoint and poll (`/metrics`, `/v1/model
 by `httpget.ResponseReader` (the same framing, head and page limits); a reused
 connection that the server closed while idle is retried once on a new one; the per-scrape
 `timeout`, with "inconclusive" when the datastore's clock (the request loop's
-`LoopClock`) says the EPP itself was stalled (issue 13 §1d); failures logged on change
+`LoopClock`) says the EPP itself was stalled; failures logged on change
 only, under the `epp.datalayer.scraper` logger; the adaptive interval (`next_interval`,
 `load_state`); results through a `ScrapeSink`; the pool followed through
 `Datastore.on_change` (the callback only sets a flag and wakes the selector).

@@ -1,7 +1,7 @@
 """Every non-2xx answer the EPP itself gives is logged once, with its reason and request
 id, at most `per_second` lines per second per status.
 
-Why: under CPU overload a request failed with nothing in any log (issue 13). A flood
+Why: under CPU overload a request failed with nothing in any log. A flood
 of refusals must not become a flood of log lines either, so after `per_second` lines of
 one status in a one-second window the rest are counted, and the first line of a later
 window says how many were suppressed. 5xx log at ERROR (a 500 with the traceback of its

@@ -185,7 +185,7 @@ class RequestStream:
         """Whether `handle_async(msg)` could do more than `handle(msg)`: scale from zero
         or flow control is on, or `msg` completes a body large enough for a worker
         thread. False for almost every message, so the servicer calls `handle` without
-        a coroutine per message (issue 13 §6); True only means "take `handle_async`"."""
+        a coroutine per message; True only means "take `handle_async`"."""
         director = self.director
         if director.cold_start is not None or director.flow_control is not None:
             return True

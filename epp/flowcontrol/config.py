@@ -17,7 +17,7 @@ policy type used with its defaults. Defaults live in the `param()`s below; they 
 from upstream's where upstream leaves memory unbounded: the whole queue holds at most
 5000 requests and 1 GiB (upstream: unlimited unless set), and a request waits at most
 30 s (upstream: no TTL, only the client's deadline), so a stalled pool cannot grow the
-EPP without bound. Sheddable requests (priority < 0) never wait (issue 10: "when the pool
+EPP without bound. Sheddable requests (priority < 0) never wait ("when the pool
 is saturated, requests with negative priority get 429; others wait"), so bands are for
 priorities ≥ 0.
 """

@@ -1,4 +1,4 @@
-"""`make soak`: the EPP under steady load for a long time, watched for leaks (issue 13 §4).
+"""`make soak`: the EPP under steady load for a long time, watched for leaks.
 
     python -m epp.harness.soak --minutes 30 --out soak-report
 

@@ -111,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=str(DEFAULT_TARGET),
         metavar="SHARE|run:SHARE|p90",
         help=f"the oracle's bar: the share of each interval's requests within both SLAs "
-        f"(default {DEFAULT_TARGET}, the issue's request target), run:SHARE (of the run's "
+        f"(default {DEFAULT_TARGET}, the request target), run:SHARE (of the run's "
         "requests and 95 %% of every 5-minute window's: the misses spread where they save "
         "the most), or p90 (each interval's p90 TTFT and ITL within, the first runs' oracle)",
     )
@@ -120,7 +120,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help=f"adjustment and report interval, s (default {DEFAULT_INTERVAL_S:g}; "
-        "load keeps seed 002's 30 s unless given)",
+        "load keeps Dynamo's 30 s unless given)",
     )
     r.add_argument(
         "--startup-s",

@@ -1,6 +1,6 @@
 """The replay's plots: the timeline (replicas and latency over time, one line per
 policy) and the Pareto view (GPU-hours against request attainment, one point per policy
-and start-up delay; issue 15 item 5).
+and start-up delay).
 
 I/O (matplotlib, writes a PNG); the numbers come from `outcome.Summary`.
 """

@@ -40,13 +40,13 @@ token-load scorer already adds the request's `UncachedRequestTokens`, and a prop
 to the filter ("include the current request's endpoint-specific uncached prompt work in
 throughput-based TTFT estimates") adds the same term here. Without it, with 8,500-token
 prompts the gate opened to an empty server as soon as the cached one had 250 ms of work,
-though the empty one would spend 530 ms prefilling (issue 16, long-context).
+though the empty one would spend 530 ms prefilling (long-context).
 
 With `cachedPenaltyFactor: k` > 0 the penalty is also capped at k times what the cache
 is worth to this request: the prefill time of the sticky endpoints' cached prefix (cached
 tokens / peakPrefillThroughput). On short prompts (150 tokens: 9 ms of prefill) the gate
 then opens as soon as a cached server is a few requests busier than a cold one, instead
-of queueing up to 250 ms behind a KV cache that holds 7 sequences (issue 16,
+of queueing up to 250 ms behind a KV cache that holds 7 sequences (docs/BENCHMARKS.md,
 decode-bound); a 2,000-token prefix at k = 2 (251 ms) or an 8,000-token document keeps the
 full penalty. k = 1 was too tight where prefixes outgrow the pool's KV cache: capping
 2,000-token prefixes at 131 ms spread groups over servers that evict them (virtual
@@ -212,7 +212,7 @@ class PrefixCacheAffinityFilter(Plugin):
         uncached prompt tokens there when `prompt` > 0 (`includeRequest`)."""
         # One pass of plain attribute reads (`load_tokens` inlined), and the minimum taken
         # on tokens: x / peak * 1000 is monotonic, so the least load is the least TTFT,
-        # bit for bit (issue 13 §6: 1,000 candidates per request).
+        # bit for bit (1,000 candidates per request).
         if prompt > 0:
             own = placement_tokens(
                 info, prompt, [e.endpoint.name for e in endpoints], self.eviction

@@ -4,7 +4,7 @@ What GIE's lightweight EPP does (`cmd/lwepp`, `pkg/lwepp`: round-robin, the pick
 conformance tests; gie-epp.md §0), and what Envoy's ROUND_ROBIN does without an EPP. With
 no scorers in front of it, `epp serve` with this picker places requests as Envoy's
 round-robin would, so a benchmark beside Envoy alone measures the cost of the EPP hop by
-itself (bench/routing.py `epp-rr`, issue 16). One counter for every request: the n-th
+itself (bench/routing.py `epp-rr`). One counter for every request: the n-th
 pick is candidate n mod len(candidates), in the datastore's (stable) order.
 """
 

@@ -168,7 +168,7 @@ class ApproxPrefixIndex:
 
     def fills(self, endpoints: Sequence[str]) -> list[float]:
         """Per endpoint, its LRU's size over its capacity (0 for one never written): one
-        list pass of dict lookups, read for every candidate of a request (issue 13 §6)."""
+        list pass of dict lookups, read for every candidate of a request."""
         lru, cap, default = self._lru, self._capacity, self.default_capacity
         return [len(lru[n]) / cap.get(n, default) if n in lru else 0.0 for n in endpoints]
 

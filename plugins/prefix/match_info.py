@@ -94,7 +94,7 @@ class PrefixMatchInfo:
 def uncached_by_name(info: PrefixMatchInfo, prompt_tokens: int) -> dict[str, int]:
     """`uncached_prompt_tokens` for the endpoints with a match only; every other endpoint
     prefills the whole prompt, `max(0, prompt_tokens)`. For callers that fold the lookup
-    into their own pass over 1,000 candidates (issue 13 §6)."""
+    into their own pass over 1,000 candidates."""
     # `cached_tokens` inlined (one call per matched endpoint, up to 3 times per request)
     size = info.block_size_tokens
     if info.prompt_tokens > 0:
@@ -130,7 +130,7 @@ def placement_tokens(
     nothing more. Without the term a group whose server is one request busier moves to
     an idle server that must evict other groups to hold it, and under KV pressure that
     cascades (docs/BENCHMARKS.md, "Routing on real vLLM servers"). Only matched endpoints
-    cost less than the whole prompt; the rest are one dict lookup each (issue 13 §6)."""
+    cost less than the whole prompt; the rest are one dict lookup each."""
     whole = info.request_tokens(estimate)
     get = uncached_by_name(info, whole).get
     if not eviction or info.occupancy is None:

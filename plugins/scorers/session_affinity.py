@@ -77,7 +77,7 @@ class SessionAffinityScorer(Plugin):
 
     def _session_id(self, request: InferenceRequest) -> str:
         """The client's session id; a long one is kept as its hash, so the map's memory
-        is bounded by max_sessions × ~128 bytes, not by what clients send (issue 13 §5)."""
+        is bounded by max_sessions × ~128 bytes, not by what clients send."""
         sid = (request.headers.get(self.header) or "").strip()
         if len(sid) > MAX_SESSION_ID_CHARS:
             return "blake2b:" + hashlib.blake2b(sid.encode("utf-8", "replace")).hexdigest()

@@ -74,5 +74,5 @@ class TokenLoadScorer(Plugin):
                 e.inflight_tokens + k * e.inflight_requests + u
                 for e, u in zip(endpoints, own, strict=True)
             ]
-        # 1 - min(1, load / t), without a call per endpoint (issue 13 §6: 1,000 candidates)
+        # 1 - min(1, load / t), without a call per endpoint (1,000 candidates)
         return [1.0 - (r if (r := x / t) < 1.0 else 1.0) for x in loads]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -158,3 +159,10 @@ def error_code(o: Outcome) -> str | None:
         return json.loads(o.body)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def debug_endpoints(stack) -> list[dict]:
+    """The EPP's view of its pool (`/debug/endpoints` on its metrics port): health,
+    in-flight counts, scraped queue per endpoint. Blocking: call it in a thread."""
+    with urllib.request.urlopen(stack.epp_metrics_url + "/debug/endpoints", timeout=5) as r:
+        return json.load(r)

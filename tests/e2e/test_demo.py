@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.eventually import eventually_sync
+
 pytestmark = pytest.mark.e2e
 
 
@@ -78,8 +80,9 @@ def test_demo_ctrl_c_stops_every_process():
         for line in p.stdout:
             if "ready in" in line or time.monotonic() > deadline:
                 break
-        time.sleep(1.0)
-        assert len(processes_with_marker(marker)) >= 6  # demo, 4 sims, epp, envoys
+        eventually_sync(  # demo, 4 sims, epp, envoys
+            lambda: len(processes_with_marker(marker)) >= 6, "the demo's processes", 60
+        )
         p.send_signal(signal.SIGINT)
         p.wait(timeout=30)
     finally:

@@ -10,35 +10,21 @@ asserts on time.
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 
 import pytest
 
 from epp.harness.envoy import EnvoyOptions, start_envoy
 from epp.harness.localstack import LocalStack
-from tests.e2e.client import Recorder, describe, error_code
+from tests.e2e.client import Recorder, debug_endpoints, describe, error_code
 from tests.e2e.conftest import SIM_ARGS
 from tests.e2e.tcp_proxy import ResettableProxy
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
 BODY = {"model": "tiny", "prompt": "Say something.", "max_tokens": 4}
 # ~100 tokens at 8 ms: streams long enough that several are open when the fault strikes.
 STREAM_BODY = {"model": "tiny", "prompt": "Tell a story.", "max_tokens": 100, "stream": True}
-
-
-def debug_endpoints(stack: LocalStack) -> list[dict]:
-    with urllib.request.urlopen(stack.epp_metrics_url + "/debug/endpoints", timeout=5) as r:
-        return json.load(r)
-
-
-async def until(cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if await asyncio.to_thread(cond):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +56,20 @@ async def test_the_epp_restarted_under_load_costs_only_the_requests_it_touched(
     t_kill = loop.time()
     await asyncio.to_thread(st.kill_epp)
     t_dead = loop.time()
-    await asyncio.sleep(1.0)  # down: requests keep arriving
+    # down: requests keep arriving (and end, one way or the other) while it is
+    await eventually(
+        lambda: sum(o.start > t_dead for o in load.outcomes) >= 4, "requests while the EPP is down"
+    )
     t_restart = loop.time()
     await asyncio.to_thread(st.restart_epp)
     t_up = loop.time()  # the new EPP logged that it serves
     await load.wait_ok(8, after=t_up)
     outcomes = await load.finish()
-    await until(
+    await eventually(
         lambda: all(r["inflight_requests"] == 0 for r in debug_endpoints(st)),
         "the restarted EPP's in-flight counts at 0",
+        blocking=True,
+        interval=0.1,
     )
 
     failed = [o for o in outcomes if not o.ok]
@@ -119,9 +110,11 @@ async def test_a_reset_grpc_connection_costs_only_the_streams_open_on_it(stack: 
         outcomes = await load.finish()
     finally:
         await proxy.stop()
-    await until(
+    await eventually(
         lambda: all(r["inflight_requests"] == 0 for r in debug_endpoints(st)),
         "in-flight counts at 0 after the reset",
+        blocking=True,
+        interval=0.1,
     )
 
     failed = [o for o in outcomes if not o.ok]

@@ -31,6 +31,7 @@ from epp.harness.procs import free_port
 from epp.headers import SIM_SERVER
 from tests.e2e.client import Recorder, describe, sim_prefix
 from tests.e2e.conftest import SIM_ARGS
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -154,14 +155,6 @@ def storm(endpoint: str, topic: bytes, rng: random.Random) -> int:
         sock.close()
 
 
-async def until(cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if await asyncio.to_thread(cond):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def test_a_kv_event_storm_with_garbage_loses_no_request_and_stays_bounded(tmp_path):
     zmq_endpoint = f"tcp://127.0.0.1:{free_port()}"
     kv = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": zmq_endpoint}
@@ -179,7 +172,9 @@ async def test_a_kv_event_storm_with_garbage_loses_no_request_and_stays_bounded(
                 probe.send_multipart([topic, seq(0)])
                 return dropped(metrics(st))["bad_frames"] > 0
 
-            await until(probe_counted, "the EPP to count a rogue message")
+            await eventually(
+                probe_counted, "the EPP to count a rogue message", blocking=True, interval=0.1
+            )
         finally:
             probe.close(linger=0)
         before = dropped(metrics(st))
@@ -207,8 +202,15 @@ async def test_a_kv_event_storm_with_garbage_loses_no_request_and_stays_bounded(
 
         # Afterwards a new shared prefix still sticks where its events say it is.
         prefix = "Storm survivor system prompt. " + " ".join(f"w{i}" for i in range(300))
+
+        def events() -> float:
+            return sum(series(metrics(st), "epp_kv_events_total").values())
+
+        seen = events()
         first = await served_by(st.url, prefix + " q0")
-        await asyncio.sleep(0.5)  # its BlockStored events reach the EPP
+        await eventually(
+            lambda: events() > seen, "its BlockStored events to reach the EPP", blocking=True
+        )
         follow = [await served_by(st.url, prefix + f" q{i}") for i in range(1, 9)]
 
     failed = [o for o in outcomes if not o.ok]

@@ -3,33 +3,19 @@
 in-flight counts come back to zero."""
 
 import asyncio
-import json
-import urllib.request
 
 import aiohttp
 import pytest
 
 from epp.headers import SIM_SERVER
-from tests.e2e.client import burst, servers, sim_prefix
+from tests.e2e.client import burst, debug_endpoints, servers, sim_prefix
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
 # 400 tokens at 8 ms each (~3 s): streams last well past the moment the victim is killed
 STREAM_BODY = {"model": "tiny", "prompt": "Tell a long story.", "max_tokens": 400, "stream": True}
 BODY = {"model": "tiny", "prompt": "Say something.", "max_tokens": 4}
-
-
-def debug_endpoints(stack) -> list[dict]:
-    with urllib.request.urlopen(stack.epp_metrics_url + "/debug/endpoints", timeout=5) as r:
-        return json.load(r)
-
-
-async def poll(cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if await asyncio.to_thread(cond):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def test_an_endpoint_killed_mid_stream_fails_only_its_own_requests(fresh_stack):
@@ -88,7 +74,7 @@ async def test_an_endpoint_killed_mid_stream_fails_only_its_own_requests(fresh_s
     def released() -> bool:
         return all(row["inflight_requests"] == 0 for row in debug_endpoints(st))
 
-    await poll(released, "in-flight counts back to 0")
+    await eventually(released, "in-flight counts back to 0", blocking=True, interval=0.1)
     after = await burst(st.url, 9, 3, BODY)  # and the pool keeps serving without it
     assert [r.status for r in after] == [200] * 9
     assert f"{victim}-0" not in servers(after)
@@ -106,9 +92,14 @@ async def test_a_hanging_endpoint_stops_being_picked_and_comes_back(fresh_stack)
         return next(r["healthy"] for r in debug_endpoints(st) if r["name"] == hung.name)
 
     await admin({"metrics": False})  # /metrics never answers: scrapes time out
-    await poll(lambda: not health_of_hung(), "the hung endpoint marked unhealthy")
+    await eventually(
+        lambda: not health_of_hung(),
+        "the hung endpoint marked unhealthy",
+        blocking=True,
+        interval=0.1,
+    )
     replies = await burst(st.url, 18, 3, BODY)
     assert [r.status for r in replies] == [200] * 18
     assert f"{hung.name}-0" not in servers(replies)
     await admin({"metrics": True})
-    await poll(health_of_hung, "the endpoint healthy again")
+    await eventually(health_of_hung, "the endpoint healthy again", blocking=True, interval=0.1)

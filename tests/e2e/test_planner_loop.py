@@ -27,6 +27,7 @@ from epp.planner.core.types import Role
 from epp.planner.live.connectors.local import LocalConnector
 from epp.planner.live.loop import ManualTicks
 from epp.serve import EppServer, ServeOptions
+from tests.eventually import eventually
 
 SIM = "epp sim --port {port} --max-num-seqs 2 --decode-ms-per-token 4 --prefill-ms-per-token 0.01"
 AGG = Role.AGGREGATED
@@ -49,15 +50,6 @@ def planner_file(tmp: Path, **extra: object) -> str:
         **extra,
     }
     return "\n".join(f"{k}: {json.dumps(v)}" for k, v in keys.items())
-
-
-async def wait_for(cond, what: str, timeout: float = 60.0) -> None:
-    """Poll `cond()` until true; the deadline only bounds a broken run."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class Load:
@@ -144,10 +136,10 @@ async def test_ramp_scales_up_idle_scales_down_and_a_drain_loses_nothing(stack, 
     # min-endpoint 1: the connector started one replica before the thread started
     await conn.settle()
     assert conn.replicas()[AGG].ready == 1
-    await wait_for(lambda: healthy_count(server) == 1, "the first replica to be scraped")
+    await eventually(lambda: healthy_count(server) == 1, "the first replica to be scraped")
 
     async with Load(url, concurrency=16) as load:
-        await wait_for(
+        await eventually(
             lambda: sum(s.metrics.waiting_queue_size for s in server.datastore.snapshot()) >= 8,
             "a queue to form",
         )
@@ -157,8 +149,8 @@ async def test_ramp_scales_up_idle_scales_down_and_a_drain_loses_nothing(stack, 
         decision = server.planner.decisions[-1]
         assert decision.target(AGG) == 2, decision.reason
         assert conn.replicas()[AGG].ready == 2
-        await wait_for(lambda: healthy_count(server) == 2, "the new replica to be scraped")
-        await wait_for(lambda: len(load.statuses) >= 40, "traffic on two replicas")
+        await eventually(lambda: healthy_count(server) == 2, "the new replica to be scraped")
+        await eventually(lambda: len(load.statuses) >= 40, "traffic on two replicas")
 
         # scale-down under load: the victim has requests in flight when its drain starts
         victim = max(conn.ready_names(), key=lambda n: server.datastore.inflight(n)[0])
@@ -173,7 +165,7 @@ async def test_ramp_scales_up_idle_scales_down_and_a_drain_loses_nothing(stack, 
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         before = len(load.statuses)
-        await wait_for(lambda: len(load.statuses) >= before + 20, "traffic after the drain")
+        await eventually(lambda: len(load.statuses) >= before + 20, "traffic after the drain")
         await load.stop()
     # every request of the ramp and the drain under load succeeded
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))

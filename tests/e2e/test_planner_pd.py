@@ -26,7 +26,6 @@ import itertools
 import json
 import os
 import random
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from epp.planner.live.connectors.local import LocalConnector
 from epp.planner.live.loop import ManualTicks
 from epp.scheduling.registry import Handle
 from epp.serve import EppServer, ServeOptions
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -78,15 +78,6 @@ def planner_file(tmp: Path) -> str:
         "log-dir": str(tmp / "log"),
     }
     return "\n".join(f"{k}: {json.dumps(v)}" for k, v in keys.items())
-
-
-async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
-    """Poll `cond()` until true; the deadline only bounds a broken run."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def long_prompt() -> str:
@@ -186,7 +177,7 @@ async def interval(
     at a lucky instant cannot flip the decision); then wait for the connector to carry
     the decision out."""
     for _ in range(2):
-        await wait_for(load, what)
+        await eventually(load, what)
         t[0] += 1.0
         await asyncio.to_thread(ticks.advance, t[0])
     planner = server.planner
@@ -205,7 +196,7 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
     assert isinstance(conn, LocalConnector)
     await conn.settle()
     assert conn.replicas()[P].ready == 1 and conn.replicas()[D].ready == 1
-    await wait_for(lambda: healthy(server, P) == 1 and healthy(server, D) == 1, "scrapes")
+    await eventually(lambda: healthy(server, P) == 1 and healthy(server, D) == 1, "scrapes")
     # every decode replica is its server plus its sidecar, in one process group; the
     # pool lists the sidecar
     (dec,) = [w for w in conn.workers() if w.role == D]
@@ -227,7 +218,7 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
         # the new prefill replica gets remote prefills through the decode sidecar (it is
         # in the sidecar's allowlist before the EPP routes to it: no 403)
         new = next(w for w in conn.workers() if w.role == P and w.name != "prefill-0")
-        await wait_for(lambda: received(new.port) >= 1, "a remote prefill on the new replica")
+        await eventually(lambda: received(new.port) >= 1, "a remote prefill on the new replica")
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))
     listed = json.loads(conn.prefill_file.read_text())
     assert sorted(e["port"] for e in listed) == sorted(w.port for w in conn.workers()
@@ -250,9 +241,9 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
         assert conn.replicas()[D].ready == 2
         decoders = [w for w in conn.workers() if w.role == D]
         assert all(w.sidecar_pid and pid_runs(w.sidecar_pid) for w in decoders)
-        await wait_for(lambda: healthy(server, D) == 2, "the new decode replica to be scraped")
+        await eventually(lambda: healthy(server, D) == 2, "the new decode replica to be scraped")
         before = len(load.statuses)
-        await wait_for(lambda: len(load.statuses) >= before + 24, "traffic on two decoders")
+        await eventually(lambda: len(load.statuses) >= before + 24, "traffic on two decoders")
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))
     prefill_targets = [x.target(P) for x in server.planner.decisions]
     assert max(prefill_targets) == 2 and prefill_targets[0] == 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 
 import aiohttp
 import pytest
@@ -32,6 +31,7 @@ from epp.planner.live.loop import (
     stop_live_planner,
 )
 from epp.planner.live.source import PrometheusSource
+from tests.eventually import eventually
 
 PROMETHEUS = "/usr/bin/prometheus"
 pytestmark = [
@@ -66,15 +66,6 @@ class Load:
         self._stop.set()
         await asyncio.gather(*self._tasks)
         await self._session.close()
-
-
-async def wait_for(cond, what: str, timeout: float = 90.0) -> None:
-    """Poll the blocking `cond()` (it queries Prometheus) until true."""
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(cond):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def test_a_real_prometheus_feeds_the_standalone_planner(tmp_path):
@@ -114,8 +105,20 @@ async def test_a_real_prometheus_feeds_the_standalone_planner(tmp_path):
         try:
             await client.complete(await client.get())  # the floor: 1 replica
             async with Load(stack.url, 16) as load:
-                await wait_for(lambda: waiting() >= 8, "Prometheus to see a queue")
-                await wait_for(lambda: src.requests(10)["completions"] > 0, "completions")
+                await eventually(
+                    lambda: waiting() >= 8,
+                    "Prometheus to see a queue",
+                    90,
+                    blocking=True,
+                    interval=0.2,
+                )
+                await eventually(
+                    lambda: src.requests(10)["completions"] > 0,
+                    "completions",
+                    90,
+                    blocking=True,
+                    interval=0.2,
+                )
                 for t in (0.0, 10.0):  # open the window (and sample), then sample + decide
                     await asyncio.to_thread(ticks.advance, t)
                 assert planner.last_apply is not None

@@ -17,7 +17,6 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +26,7 @@ from epp.harness.localstack import LocalStack
 from epp.harness.procs import free_port
 from tests.e2e.client import Reply, send, sim_prefix
 from tests.e2e.conftest import SIM_ARGS
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -57,14 +57,6 @@ def completion(prompt: str) -> dict:
     return {"model": "tiny", "prompt": prompt, "max_tokens": 2}
 
 
-async def wait_for(cond: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def metric_sum(http: aiohttp.ClientSession, url: str, name: str, labels: str = "") -> float:
     """Sum of the samples of `name` (optionally only those whose labels contain `labels`)."""
     async with http.get(url + "/metrics") as r:
@@ -93,7 +85,7 @@ async def wait_pool_ready(http: aiohttp.ClientSession, stack: LocalStack) -> Non
             rows = await r.json()
         return len(rows) == len(stack.sims) and all(row["healthy"] for row in rows)
 
-    await wait_for(ready, 15, "every simulator healthy in the EPP's /debug/endpoints")
+    await eventually(ready, "every simulator healthy in the EPP's /debug/endpoints", 15)
 
 
 async def post_ok(http: aiohttp.ClientSession, url: str, prompt: str) -> Reply:
@@ -228,7 +220,7 @@ async def test_precise_prefix_sticks_to_the_server_whose_kv_events_report_it(tmp
                 async def indexed() -> bool:
                     return await stored() > before
 
-                await wait_for(indexed, 10, "BlockStored events to reach the EPP")
+                await eventually(indexed, "BlockStored events to reach the EPP", 10)
                 return r
 
             # ZMQ's slow joiner: a publisher drops what it sends before the EPP's subscription
@@ -266,7 +258,7 @@ async def test_precise_prefix_sticks_to_the_server_whose_kv_events_report_it(tmp
                     rows = {row["name"]: row for row in await r.json()}
                 return rows[x.name]["waiting"] == 8
 
-            await wait_for(x_looks_busy, 10, f"the EPP to see {x.name}'s queue")
+            await eventually(x_looks_busy, f"the EPP to see {x.name}'s queue", 10)
             prefix_b = system_prompt("precise-b")
             first_b = await first_request(prefix_b)
             assert first_b.server != first_a.server

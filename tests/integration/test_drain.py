@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epp.harness.localstack import EPP_CMD
 from epp.harness.procs import HttpReady, LogReady, ProcessGroup, free_port
 from epp.headers import DESTINATION_ENDPOINT
+from tests.eventually import eventually
 from tests.integration.test_grpc_servicer import headers, open_stream
 
 BUFFERED = processing_mode_pb2.ProcessingMode.BUFFERED
@@ -24,14 +25,6 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def healthy_endpoints(metrics_port: int) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/debug/endpoints") as r:
         return sum(row["healthy"] for row in json.load(r))
-
-
-async def poll(cond, tries: int = 600) -> bool:
-    for _ in range(tries):
-        if await cond():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_sigterm_drains_open_streams_refuses_new_ones_and_exits_0(tmp_path):
@@ -68,7 +61,7 @@ async def test_sigterm_drains_open_streams_refuses_new_ones_and_exits_0(tmp_path
         async def one_healthy() -> bool:
             return await asyncio.to_thread(healthy_endpoints, mport) == 1
 
-        assert await poll(one_healthy)
+        await eventually(one_healthy)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{gport}")
         stub = pb_grpc.ExternalProcessorStub(channel)
         health = health_pb2_grpc.HealthStub(grpc.aio.insecure_channel(f"127.0.0.1:{hport}"))
@@ -84,7 +77,7 @@ async def test_sigterm_drains_open_streams_refuses_new_ones_and_exits_0(tmp_path
             reply = await health.Check(health_pb2.HealthCheckRequest(service=""))
             return reply.status == NOT_SERVING
 
-        assert await poll(not_serving)
+        await eventually(not_serving)
         # No message on it: the server refuses at once, and a client still sending would
         # race that refusal (grpc then reports its own failed send, not the server's status).
         refused = stub.Process(iter([]))

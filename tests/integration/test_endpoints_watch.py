@@ -4,13 +4,7 @@ import asyncio
 
 from epp.datastore import Endpoint
 from epp.serve import EppServer, ServeOptions
-
-
-async def wait_for(cond, timeout=10.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+from tests.eventually import eventually
 
 
 async def test_pool_follows_the_endpoints_file(tmp_path):
@@ -34,9 +28,9 @@ async def test_pool_follows_the_endpoints_file(tmp_path):
             "- {name: a, address: 10.0.0.1, port: 8000}\n"
             "- {name: b, address: 10.0.0.2, port: 8000}\n"
         )
-        await wait_for(lambda: names() == ["a", "b", "flag"])
+        await eventually(lambda: names() == ["a", "b", "flag"])
         f.write_text("- {name: b, address: 10.0.0.2, port: 8000, bogus: 1}\n")  # invalid
         await asyncio.sleep(1.5)
         assert names() == ["a", "b", "flag"]  # a bad file keeps the current pool
         f.write_text("- {name: b, address: 10.0.0.2, port: 8000}\n")
-        await wait_for(lambda: names() == ["b", "flag"])
+        await eventually(lambda: names() == ["b", "flag"])

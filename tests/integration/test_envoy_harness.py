@@ -46,6 +46,7 @@ from epp.harness.procs import (
     free_port,
 )
 from epp.headers import DESTINATION_ENDPOINT
+from tests.eventually import eventually_sync
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -63,15 +64,6 @@ def _gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _gone(pid):
-            return True
-        time.sleep(0.05)
-    return _gone(pid)
 
 
 # ---------------------------------------------------------------- ProcessGroup
@@ -125,7 +117,9 @@ def test_children_die_with_the_parent(sig: signal.Signals, tmp_path: Path) -> No
         assert not _gone(child_pid)
         os.kill(parent.pid, sig)
         parent.popen.wait(timeout=10)
-        assert _wait_gone(child_pid), f"{sig.name}: child {child_pid} outlived its parent"
+        eventually_sync(
+            lambda: _gone(child_pid), f"{sig.name}: child {child_pid} to die with its parent"
+        )
 
 
 # ---------------------------------------------------------------- rendering (no Envoy needed)

@@ -33,6 +33,7 @@ from epp.headers import FAIRNESS_ID, INFERENCE_TTL, OBJECTIVE
 from epp.request import new_request, parse_body
 from epp.scheduling.registry import Handle
 from epp.serve import EppServer, ServeOptions
+from tests.eventually import eventually
 from tests.helpers import plugin
 
 OBJECTIVES = Objectives({"critical": 10, "normal": 0, "batch": -1})
@@ -280,14 +281,6 @@ def open_stream(stub):
     return queue, stub.Process(feed())
 
 
-async def until(cond, tries: int = 500) -> bool:
-    for _ in range(tries):
-        if cond():
-            return True
-        await asyncio.sleep(0.01)
-    return False
-
-
 @pytest.fixture
 async def epp_server():
     config = load_config_text(CONFIG, "fc.yaml", Handle(rng=random.Random(0)), install_plugins())
@@ -320,15 +313,15 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(epp_serve
     q2, call2 = open_stream(stub)
     for m in request_messages():
         await q2.put(m)
-    assert await until(lambda: len(fc.queue) == 1)
+    await eventually(lambda: len(fc.queue) == 1)
     call2.cancel()
-    assert await until(lambda: len(fc.queue) == 0)
+    await eventually(lambda: len(fc.queue) == 0)
     assert fc.queue.bytes == 0
     # 3: waits, and is routed as soon as stream 1 ends (its in-flight count is released).
     q3, call3 = open_stream(stub)
     for m in request_messages():
         await q3.put(m)
-    assert await until(lambda: len(fc.queue) == 1)
+    await eventually(lambda: len(fc.queue) == 1)
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         families = {f.name: f for f in text_string_to_metric_families(await r.text())}

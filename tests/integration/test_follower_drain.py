@@ -16,17 +16,9 @@ from epp.planner.core.types import Role
 from epp.planner.live.connectors.local import LocalConnector
 from epp.planner.live.connectors.statefile import WorkerRecord, decode, encode
 from epp.scheduling.registry import Handle
+from tests.eventually import eventually
 from tests.helpers import completion
 from tests.integration.test_connector_local import AGG, live
-
-
-async def until(cond, what: str, timeout: float = 30.0) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not cond():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def test_the_statefile_keeps_the_draining_mark_and_old_files_read_as_not_draining():
@@ -59,7 +51,7 @@ async def test_a_follower_stops_routing_to_a_replica_the_leader_drains(tmp_path)
 
         lead_ds.acquire(victim)  # a request in flight there (at the leader): the drain waits
         drain = asyncio.create_task(leader.drain(victim))
-        await until(
+        await eventually(
             lambda: [r.name for r in decode(statefile.read_text()) if r.draining] == [victim],
             "the leader to record the drain",
         )

@@ -18,6 +18,7 @@ from epp.director import Director
 from epp.extproc.server import EXT_PROC_SERVICE, start_grpc_servers
 from epp.headers import DESTINATION_ENDPOINT
 from epp.scheduling.registry import Handle
+from tests.eventually import eventually
 
 MODES = processing_mode_pb2.ProcessingMode
 BODY = json.dumps({"model": "m", "prompt": "tell me a story " * 50}).encode()
@@ -74,13 +75,6 @@ def open_stream(stub):
     return queue, stub.Process(feed())
 
 
-async def wait_until(cond, tries: int = 200) -> None:
-    for _ in range(tries):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-
-
 async def run_stream(stub, messages):
     call = stub.Process(iter(messages))
     return [r async for r in call]
@@ -126,10 +120,10 @@ async def test_stream_cancelled_mid_body_leaks_nothing(epp):
     queue, call = open_stream(stub)
     await queue.put(headers(MODES.FULL_DUPLEX_STREAMED))
     await queue.put(chunks(BODY, 4)[0])
-    await wait_until(lambda: servicer.open_streams == 1)
+    await eventually(lambda: servicer.open_streams == 1)
     assert servicer.open_streams == 1
     call.cancel()
-    await wait_until(lambda: servicer.open_streams == 0)
+    await eventually(lambda: servicer.open_streams == 0)
     assert servicer.open_streams == 0
     assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())
 
@@ -143,7 +137,7 @@ async def test_stream_cancelled_after_routing_releases_inflight(epp):
     assert first.HasField("request_headers")
     assert sum(ds.inflight(e.name)[0] for e in ds.endpoints()) == 1  # held while in flight
     call.cancel()
-    await wait_until(
+    await eventually(
         lambda: (
             servicer.open_streams == 0 and sum(ds.inflight(e.name)[0] for e in ds.endpoints()) == 0
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from epp.datalayer.endpoints_file import (
     watch_endpoints_file,
 )
 from epp.datastore import Datastore, Endpoint
+from tests.eventually import eventually
 
 
 def write(path: Path, text: str) -> Path:
@@ -135,15 +135,6 @@ def test_cli_duplicates() -> None:
         parse_endpoint_args(["a=h:1", "b=h:1"])
 
 
-async def wait_for(cond: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 def bump_mtime(path: Path, step: int) -> None:
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + step * 1_000_000_000))
@@ -155,18 +146,18 @@ async def test_watch_reloads_and_keeps_old_set_on_bad_file(tmp_path: Path, caplo
     ds = Datastore()
     task = asyncio.create_task(watch_endpoints_file(f, ds, interval=0.01))
     try:
-        await wait_for(lambda: [e.name for e in ds.endpoints()] == ["a"], "first load")
+        await eventually(lambda: [e.name for e in ds.endpoints()] == ["a"], "first load")
         write(f, "- {name: a, address: h, port: 1}\n- {name: b, address: h, port: 2}\n")
         bump_mtime(f, 1)
-        await wait_for(lambda: len(ds) == 2, "reload")
+        await eventually(lambda: len(ds) == 2, "reload")
         write(f, "- {name: a, address: h, port: nope}\n")
         bump_mtime(f, 2)
-        await wait_for(lambda: "not reloaded" in caplog.text, "error logged")
+        await eventually(lambda: "not reloaded" in caplog.text, "error logged")
         assert [e.name for e in ds.endpoints()] == ["a", "b"]  # old set kept
         assert "endpoints[0].port" in caplog.text
         write(f, "- {name: c, address: h, port: 3}\n")
         bump_mtime(f, 3)
-        await wait_for(lambda: [e.name for e in ds.endpoints()] == ["c"], "fixed file")
+        await eventually(lambda: [e.name for e in ds.endpoints()] == ["c"], "fixed file")
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

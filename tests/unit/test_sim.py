@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from epp.headers import SIM_SERVER
 from epp.sim import SimCluster, SimConfig, SimServer, count_tokens
 from epp.sim.chat import render_default as render_chat
+from tests.eventually import eventually
 
 # Fast enough that 16 tokens take ~2 ms of real time.
 FAST = SimConfig(decode_ms_per_token=1.0, time_scale=10.0)
@@ -75,13 +76,6 @@ async def scrape(http: aiohttp.ClientSession, server: SimServer) -> str:
     async with http.get(server.url + "/metrics") as resp:
         assert resp.status == 200
         return await resp.text()
-
-
-async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 # -- completions ---------------------------------------------------------------------
@@ -345,7 +339,7 @@ async def test_gauges_follow_load_and_abort_frees(http: aiohttp.ClientSession) -
                     and value(text, "vllm:kv_cache_usage_perc") > 0
                 )
 
-            await wait_for(loaded)
+            await eventually(loaded)
             assert server.engine.max_running_seen == 1
         finally:
             for s in streams:
@@ -361,7 +355,7 @@ async def test_gauges_follow_load_and_abort_frees(http: aiohttp.ClientSession) -
                 and value(text, "vllm:kv_cache_usage_perc") == 0
             )
 
-        await wait_for(drained)
+        await eventually(drained)
         assert server.stats.requests_aborted == 3
         assert server.stats.requests_succeeded == 0
 
@@ -398,7 +392,7 @@ async def test_waiting_request_of_departed_client_is_dropped(
             async def dropped() -> bool:
                 return server.engine.snapshot().waiting == 0
 
-            await wait_for(dropped)
+            await eventually(dropped)
             assert server.engine.snapshot().running == 1
 
 
@@ -447,7 +441,7 @@ async def test_admin_metrics_off_hangs(http: aiohttp.ClientSession, sim: SimServ
     async with SimServer("sim-h", FAST) as server:
         server.set_faults(metrics=False)
         hung = asyncio.ensure_future(http.get(server.url + "/metrics"))
-        await wait_for(_async(lambda: server.stats.metrics_hung == 1))
+        await eventually(lambda: server.stats.metrics_hung == 1)
     with pytest.raises(aiohttp.ClientError):
         await hung
 
@@ -473,15 +467,23 @@ async def test_time_scale_keeps_model_time(http: aiohttp.ClientSession) -> None:
     # 2000 prompt tokens at 1 ms each: 2 s of model time, 20 ms of real time.
     config = SimConfig(prefill_ms_per_token=1.0, time_scale=100.0)
     async with SimServer("sim-s", config) as server:
-        start = time.monotonic()
+        slept: list[tuple[float, float]] = []  # (model, real) seconds of each engine sleep
+        sleep = server.clock.sleep
+
+        async def recorded(model_s: float) -> None:
+            slept.append((model_s, server.clock.to_real(model_s)))
+            await sleep(model_s)
+
+        server.clock.sleep = recorded  # type: ignore[method-assign]
         body = {"prompt": "x " * 2000, "max_tokens": 1}
         status, data, _ = await post(http, server, "/v1/completions", body)
-        elapsed = time.monotonic() - start
         assert status == 200
         assert data["usage"]["prompt_tokens"] == 2000
         text = await scrape(http, server)
     assert value(text, "vllm:time_to_first_token_seconds_sum") >= 2.0
-    assert elapsed < 2.0  # the same model in real time could not be faster than 2 s
+    # ... and the engine slept 1/100 of its model time in real time (time_scale's promise)
+    model, real = (sum(x) for x in zip(*slept, strict=True))
+    assert model >= 2.0 and real == pytest.approx(model / 100)
 
 
 # -- many servers ----------------------------------------------------------------------
@@ -542,10 +544,3 @@ async def test_cli_subprocess() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-
-
-def _async(predicate: Any) -> Any:
-    async def check() -> bool:
-        return bool(predicate())
-
-    return check

@@ -19,6 +19,7 @@ from epp.config.params import parse_params
 from epp.harness.procs import free_port
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from plugins.prefix import spec_sync
+from tests.eventually import eventually
 from tests.helpers import completion
 from tests.unit.test_prefix_precise import EPS, POOL, PROMPT, Clock, match, pick, scores
 
@@ -35,12 +36,6 @@ def sync_producer(bind_port: int, peers: list[int], clock: Clock, **extra: objec
     }
     handle = Handle(rng=random.Random(0), clock=clock, pool=lambda: list(POOL))
     return spec.build("precise", parse_params(spec.params, params), handle)
-
-
-async def until(cond, what: str, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.01)
 
 
 async def test_a_peer_applies_what_the_other_replica_routed_and_drops_its_own():
@@ -67,7 +62,7 @@ async def test_a_peer_applies_what_the_other_replica_routed_and_drops_its_own():
         # A routes the prompt to "b": A scores it at once; B does once the message lands.
         pick(a, completion(PROMPT, model="m"), {"default": [EPS[1]]})
         assert scores(match(a)) == [0.0, 1.0, 0.0]
-        await until(lambda: b.sync.stats["applied"] > applied0, "B to apply A's entry")
+        await eventually(lambda: b.sync.stats["applied"] > applied0, "B to apply A's entry")
         assert scores(match(b)) == [0.0, 1.0, 0.0]
         assert b.sync.stats["dropped"] == 0
         # The entry lives the sender's TTL (2 s default) on B's clock: gone after it.

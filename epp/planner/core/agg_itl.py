@@ -1,5 +1,5 @@
-"""A request's ITL in an aggregated replica, per request, from the profile alone (issue
-15, seventh run): what the request-level sizing (`request-target`) reads the share of
+"""A request's ITL in an aggregated replica, per request, from the profile alone: what
+the request-level sizing (`request-target`) reads the share of
 requests within the ITL SLA from.
 
 The prefill-interference model (`sla_mode.py` item 7) gives the *mean* step: the

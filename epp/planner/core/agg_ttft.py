@@ -1,4 +1,4 @@
-"""The aggregated replica's TTFT, from the profile alone (issue 15, seventh run).
+"""The aggregated replica's TTFT, from the profile alone.
 
 The SLA mode's first TTFT model treats a replica as a prefill server: each prompt is
 served for its batch-1 TTFT, stretched by the share of time decoding takes, in an

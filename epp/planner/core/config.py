@@ -1,5 +1,5 @@
 """The planner file: one flat YAML map whose keys are Dynamo's planner flags without the
-leading `--` (`adjustment-interval: 60`, `max-gpu-budget: 8`, seed 002 and SLA-v1
+leading `--` (`adjustment-interval: 60`, `max-gpu-budget: 8`, Dynamo's LOAD-v0 and SLA-v1
 §7.1), plus this project's options.
 
 Flat like Dynamo's flags, so a Dynamo command line translates key for key; parsed into
@@ -53,7 +53,7 @@ class PlannerParams:
     mode: str = param(
         "sla",
         choices=MODES,
-        doc="load: seed 002's thresholds (LOAD-v0); sla: this project's SLA mode; "
+        doc="load: Dynamo's thresholds (LOAD-v0); sla: this project's SLA mode; "
         "dynamo: Dynamo SLA-v1 reproduced, warts included (the baseline)",
     )
     pool: str = param(
@@ -68,11 +68,11 @@ class PlannerParams:
     adjustment_interval: float | None = param(
         None,
         min=1,
-        doc="seconds between decisions; default 30 for load (seed 002), 180 for "
+        doc="seconds between decisions; default 30 for load (Dynamo's planner), 180 for "
         "sla and dynamo (Dynamo SLA-v1)",
     )
     metric_pulling_interval: float = param(
-        1.0, min=0.01, doc="seconds between pool load samples (seed 002: 1)"
+        1.0, min=0.01, doc="seconds between pool load samples (Dynamo's: 1)"
     )
     profile_results_dir: str = param(
         "profiling_results",
@@ -108,7 +108,7 @@ class BudgetParams:
 
 @dataclass(frozen=True)
 class LoadParams:
-    """LOAD-v0 thresholds (mode `load`). Defaults are seed 002's documented values;
+    """LOAD-v0 thresholds (mode `load`). Defaults are Dynamo's documented values;
     Dynamo's `LoadPlannerDefaults` had 5.0 for the prefill scale-up threshold (a queue
     of 5 per prefill worker), the seed and its flag table say 0.5: the seed wins."""
 
@@ -204,7 +204,7 @@ class BeyondParams:
         600.0,
         min=0.0,
         doc="a role scales down only after more than this many seconds without sizing its "
-        "current count or above (the window with the judge's boundary: issue 15 counts a "
+        "current count or above (the window with the judge's boundary: the judge counts a "
         "change of direction within 600 s, inclusive, as a reversal, so at 600 no scale-up "
         "is reversed by a scale-down); 0: the window alone",
     )
@@ -222,8 +222,8 @@ class BeyondParams:
         doc="provision for the load's rise over the lead time: the forecast request count "
         "plus this factor x the last interval's rise (count minus the one before, when "
         "positive) x the forecast horizon in intervals (start-up plus one decision), at most "
-        "the forecast again; 0: off. 0.5 from the ablation (docs/BENCHMARKS.md 'Against the "
-        "field, third run')",
+        "the forecast again; 0: off. 0.5 from an ablation on the tuning traces (Azure, "
+        "Mooncake)",
     )
     emergency_scale_up: bool = param(
         False,
@@ -343,9 +343,9 @@ SIDECAR_FIELDS = ("host", "port", "decode_port", "name", "role", "prefill_endpoi
 @dataclass(frozen=True)
 class LiveParams:
     """The live side inside `epp serve --planner` (the replay ignores it): which
-    connector carries decisions out, how it starts and drains replicas, where the
-    decision log goes. Keys follow Dynamo's where it has one (`environment`, `log-dir`,
-    seed 002); the rest are the local connector's, which Dynamo kept in circus."""
+     connector carries decisions out, how it starts and drains replicas, where the
+     decision log goes. Keys follow Dynamo's where it has one (`environment`, `log-dir`,
+    ); the rest are the local connector's, which Dynamo kept in circus."""
 
     environment: str = param(
         "local",

@@ -1,4 +1,4 @@
-"""LOAD-v0: Dynamo's threshold planner as seed 002 describes it (reference §5,
+"""LOAD-v0: Dynamo's threshold planner as Dynamo's planner documents it (reference §5,
 `examples/llm/components/planner.py` @3f53a78e0).
 
 Every adjustment interval, from the load samples taken every `metric-pulling-interval`:

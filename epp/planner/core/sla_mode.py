@@ -40,7 +40,7 @@ Per interval:
    N = ceil(prefill load + decode load) in replicas; queue-aware, the fewest N whose
    prefill queue meets the TTFT SLA when each replica has 1 − D/N of its time for
    prefill (D = decode load in replicas).
-   **Prefill interference** (`prefill-interference`, issue 15, fifth run): the decode
+   **Prefill interference** (`prefill-interference`): the decode
    profile measures decode alone, but an aggregated replica's steps carry the prompts
    too (vLLM's chunked prefill puts prompt tokens into the decode steps; the simulator's
    `StepCostModel` charges a step `base + max(weight read, prefill_ms x prompt tokens +
@@ -63,7 +63,7 @@ Per interval:
    the profile's ITL / (1 − rho) at the rate the measured requests saw, so it measures
    what the model misses, not the interference; an interval with fewer than 20
    completions does not move it (a burst's stragglers saw earlier intervals' prompts).
-   Off by default (docs/BENCHMARKS.md "Against the field, fifth run": the ITL factor
+   Off by default (an ablation recorded in docs/BENCHMARKS.md's git history: the ITL factor
    falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
    traces): decode sized on the decode profile alone, as Dynamo.
 8. **Hysteresis and cooldown** (#9294), as a stabilization window
@@ -73,7 +73,7 @@ Per interval:
    window after a scale-up. The sized target is already the smallest count
    predicted to meet the SLA with the whole load on it, which is the N−1 test of
    #9294 (the remaining replicas absorb the N/(N−1) load).
-9. **Reversal guard** (`reversal-guard`, issue 15's "<= 1 reversal per 30 minutes"):
+9. **Reversal guard** (`reversal-guard`):
    the window again, with the judge's boundary: a scale-down also waits until *more*
    than the guard has passed since the role last sized at its current count or above
    (`outcome.reversals` counts a change within 600 s, inclusive; a 600 s window lets
@@ -83,8 +83,8 @@ Per interval:
    the floor ceil(p)): bursts shorter than a start-up cannot be met by scaling up when
    they show (the replica arrives after the burst), only by capacity held through the
    gap; the decay lets a pool whose bursts stop come down. Both only limit scale-downs.
-10. **Meeting rises** (issue 15, third run; each off by default unless the ablation in
-   docs/BENCHMARKS.md "Against the field, third run" chose it). A reactive forecast sees
+10. **Meeting rises** (each off by default unless the ablation in
+   an ablation recorded in docs/BENCHMARKS.md's git history chose it). A reactive forecast sees
    a rise one interval late and a new replica serves a start-up after that:
    - `rise-headroom` h: the forecast count plus h x the last interval's rise (when
      positive) x the horizon in intervals, the load the rise reaches by the time a
@@ -97,7 +97,7 @@ Per interval:
      (AIBrix: a 60 s panic window, threshold 2.0; reference autoscalers.md §1), with the
      AIBrix APA's 2x cap on one step's growth;
    - `sla-margin` m: size against m x the TTFT and ITL targets. An interval whose p90
-     sits exactly at the SLA lets a tenth of its requests miss, and issue 15 judges
+     sits exactly at the SLA lets a tenth of its requests miss, and the judge counts
      >= 99 % of requests: the margin is where the planner buys that.
    A shorter decision interval than the window (`adjustment-interval: 30`) is the
    asymmetric scheme the HPA uses (scale-up with no stabilization, scale-down after its
@@ -106,7 +106,7 @@ Per interval:
 11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
    share of requests within both SLAs over a recent window drives a load factor the
    sizing plans for (integral action, bounded, given back when comfortable).
-12. **The aggregated replica's TTFT** (`aggregated-ttft`, issue 15, seventh run; off by
+12. **The aggregated replica's TTFT** (`aggregated-ttft`; off by
    default): a prompt waits for the step in flight, rides in the next step with the
    decodes and the prompts batched with it, and takes ceil(u / `max-num-batched-tokens`)
    steps (`agg_ttft.py`, from the profile alone, over the sampled prompt lengths: their
@@ -118,7 +118,7 @@ Per interval:
    model, ITL per request from the prompts batched into its own steps (`agg_itl.py`, a
    compound Poisson sum over its osl - 1 steps), each over its factor, the ITL factor
    then comparing the observed p90 with that distribution's. Both off by default
-   (docs/BENCHMARKS.md "Against the field, seventh run").
+   (an ablation recorded in docs/BENCHMARKS.md's git history).
 """
 
 from __future__ import annotations

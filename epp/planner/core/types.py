@@ -62,7 +62,7 @@ EMPTY = Stats()
 @dataclass(frozen=True, slots=True)
 class RoleLoad:
     """One role's load signals over an interval, from the pool samples taken every
-    `metric-pulling-interval` (seed 002). Queue values are pool totals (requests
+    `metric-pulling-interval` (Dynamo's planner). Queue values are pool totals (requests
     waiting summed over the role's ready replicas); KV use is the mean over samples
     and replicas, in [0, 1].
 

@@ -5,7 +5,7 @@ load, the decision's diagnostics such as correction factors, GPU-seconds held).
 The line carries what was decided, why, and what the interval looked like, so a
 decision can be checked afterwards without the EPP's logs. With the `tensorboard`
 package installed, `log-dir` also gets TensorBoard event files (`tensorboard.py`), as
-seed 002's planner writes.
+Dynamo's planner writes.
 """
 
 from __future__ import annotations

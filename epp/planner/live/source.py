@@ -18,7 +18,7 @@ increase(<m>_count[Is])` over the adjustment interval `I`, and `increase(request
   project's SLA mode compares a percentile (`sla-percentile`), not the mean; they are
   as coarse as the buckets (GIE's).
 
-The pool load of the load-based rules (seed 002) comes from the per-role pool gauges
+The pool load of the load-based rules (Dynamo's planner) comes from the per-role pool gauges
 (`inference_pool_role_*{name=<pool>}`), one instant query each per
 `metric-pulling-interval`; several EPPs exporting the same pool give one series each,
 folded with `max by (role)`. Not available from Prometheus: the ISL sample of

@@ -10,7 +10,7 @@ report intervals. What differs is only the scaling law:
   right after another is heavier than the same minute replayed after one of warm-up),
   one replica is added and the trace replayed again, at most `PEAK_BUMPS` times. So
   static-peak is "the smallest pool the whole trace shows meets the SLA", the premise
-  of issue 8's comparison.
+  of the per-interval comparison.
 - The planners (`load`, `dynamo`, `epp`, from `planner.build_policy`) and the field's
   laws (`keda-queue`, `llm-d-slo`, `laws/`) start from the static-mean pool, ready, as
   an operator would deploy before turning an autoscaler on.

@@ -1,11 +1,11 @@
-"""How a replay is judged (issue 8 item 6, issue 15 item 3): per interval and in total.
+"""How a replay is judged: per interval and in total.
 
 Requests are charged to the interval they *arrived* in, so a burst that queues for a
 minute counts against the minute it came in, not the one it left in. A request meets
 the SLA when its TTFT is within `ttft_ms` and its ITL (its mean gap between output
 tokens, the TPOT an SLA promises) within `itl_ms`; a one-token answer has no ITL and
 is judged on TTFT alone. An interval is within SLA when its p90 TTFT and p90 ITL are
-(issue 8's definition); intervals without requests are not counted either way.
+(the per-interval definition); intervals without requests are not counted either way.
 Requests the server rejected (longer than the model's context) are reported apart and
 left out of both shares; lost requests count as missing the SLA.
 
@@ -13,16 +13,16 @@ GPU-hours count every replica holding GPUs, starting and draining ones included,
 the decision that started it to the moment it released them, over the whole run (the
 trace plus the tail that serves its last requests).
 
-A reversal (issue 15 item 3) is a scaling action in the opposite direction of the
+A reversal is a scaling action in the opposite direction of the
 previous one, within `reversal_window_s` (10 minutes) of it.
 
-Lost requests (issue 15: "failed or dropped by a scaling action") are those the run
+Lost requests ("failed or dropped by a scaling action") are those the run
 never answered: the replay's pool drains a removed replica instead of dropping its
 requests and cancels only starting replicas (which hold none), so a request is lost
 only when the policy leaves it waiting with no replica until the run gives up.
 
-Scale-down lag (issue 15 item 3, "time from the last request of a burst to the minimum
-pool"): a burst ends at an arrival followed by `burst_gap_s` (2 minutes) without one
+Scale-down lag (the time from the last request of a burst to the minimum pool): a
+burst ends at an arrival followed by `burst_gap_s` (2 minutes) without one
 (the trace's last arrival is not one: the run ends when it is served). Its lag is the
 time from that arrival until the GPUs held (starting and draining replicas included)
 first fall to the fewest the run ever held; when they do not before the next arrival,
@@ -99,7 +99,7 @@ class Summary:
     to_min_pool_s: float = math.nan  # mean scale-down lag over those bursts (module doc)
 
     def as_json(self) -> dict[str, object]:
-        """The `--json` record: issue 8's keys first, then the rest of the verdict."""
+        """The `--json` record: the per-interval keys first, then the rest of the verdict."""
         return {
             "name": self.policy,
             "gpu_hours": round(self.gpu_hours, 4),

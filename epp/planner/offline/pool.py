@@ -2,7 +2,7 @@
 `VirtualEngine` (the simulator's own scheduler in virtual time), and the EPP's default
 routing in front of them.
 
-Lifecycle (issue 8 item 6; what the live connectors do): a replica the planner adds
+Lifecycle (what the live connectors do): a replica the planner adds
 holds its GPUs from the decision on, but serves only after `startup_s` (a new vLLM
 loads weights and captures graphs for minutes). A replica it removes is drained: it
 takes no new request, finishes those it holds, and frees its GPUs when the last one
@@ -20,7 +20,7 @@ LRU of block ids as large as its KV cache; a walk stops at the first block no re
 has). Scores read the engines' exact state at the arrival, where GIE reads metrics
 scraped every 50 ms; at these arrival rates the difference is one step's progress.
 
-Fleet scale (issue 15): routing reads every ready replica at every arrival, but most
+Fleet scale: routing reads every ready replica at every arrival, but most
 replicas are inside a planned decode run that nothing needs carried out yet. The pool
 keeps a heap of each engine's `due_after` time and advances only the engines whose
 time has passed; the others are read in closed form at the arrival (`load(at)`). The

@@ -1,8 +1,8 @@
 """`epp plan replay`'s core: a trace through a policy and a simulated pool, in virtual
-time, in one process (issue 8 item 6).
+time, in one process.
 
 The loop is the live planner's, with the clock replaced: every `sample_interval_s` of
-the policy it reads the pool's load into an `IntervalWindow` (seed 002's
+the policy it reads the pool's load into an `IntervalWindow` (Dynamo's
 metric-pulling-interval), every `interval_s` it closes the window into an
 `Observation`, calls `policy.step(now, obs)` and carries out the `Decision` on the pool
 (`pool.Pool.scale_to`: start, cancel starting first, drain). Between samples, the

@@ -1,6 +1,6 @@
-"""The per-request SLA pick (issue 15 "with an SLA the static-peak pool meets").
+"""The per-request SLA pick.
 
-Issue 15 judges a policy on the share of *requests* within both SLAs (>= 99 %) and on
+The judge (epp/planner/offline/outcome.py) rates a policy on the share of *requests* within both SLAs (>= 99 %) and on
 its worst 5-minute window (>= 95 %). The replay's first pick (`static.Sizer.default_sla`)
 is an *interval* rule: p90 TTFT and p90 ITL within it in every interval, which lets up
 to a tenth of each interval's requests miss, so the static-peak pool itself kept only
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from epp.planner.offline.outcome import WORST_WINDOW_S, Sla
 from epp.planner.offline.replay import Served
 
-REQUEST_SHARE = 0.99  # issue 15: >= 99 % of requests within both SLAs
-WINDOW_SHARE = 0.95  # issue 15: >= 95 % in every 5-minute window
+REQUEST_SHARE = 0.99  # the judge: >= 99 % of requests within both SLAs
+WINDOW_SHARE = 0.95  # the judge: >= 95 % in every 5-minute window
 
 
 def request_sla(

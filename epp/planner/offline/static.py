@@ -1,7 +1,7 @@
 """The static baselines of `epp plan replay --compare`, and how big they are.
 
 A static pool never changes; what matters is its size, which the replay measures on the
-trace itself (issue 8: "static at peak", "static at mean"):
+trace itself ("static at peak", "static at mean"):
 
 - `static-peak`: the fewest replicas whose p90 TTFT and p90 ITL meet the SLA in each
   of the trace's busiest intervals (the 3 with the most arrivals and the 3 with the
@@ -207,7 +207,7 @@ class Sizer:
         to need it on a tie. Only the largest is wanted, so a segment the size found so
         far already serves costs one measurement (its own smallest is no larger) and one
         that it does not is searched from there up: at 50 replicas this is most of what
-        the SLA pick saved (docs/BENCHMARKS.md "Against the field, third run")."""
+        the SLA pick saved (an ablation recorded in docs/BENCHMARKS.md's git history)."""
         best: Sizing | None = None
         for seg in segments:
             if best is not None and self._meets(sla, seg, best.replicas):

@@ -16,7 +16,7 @@ ISL/OSL are log-normal, by default matched to the Azure 2023 conversation trace
 (ISL mean 1155, median 1020 -> sigma 0.5; OSL mean 211, median 129 -> sigma 1.0),
 clipped to [1, max]. No prefix sharing (`hash_ids` empty, as Azure's).
 
-`scale_rate` multiplies a trace's rate for fleet-scale replays (issue 15 item 2).
+`scale_rate` multiplies a trace's rate for fleet-scale replays.
 """
 
 from __future__ import annotations

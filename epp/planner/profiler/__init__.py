@@ -1,4 +1,4 @@
-"""`epp profile`: the pre-deployment profiler of seed 002 (Dynamo's `profile_sla.py`).
+"""`epp profile`: the pre-deployment profiler of Dynamo (`profile_sla.py`).
 
 - `plan.py` PURE: which points to measure (Dynamo's grids and rounding).
 - `measure.py` PURE: token times -> steady ITL and tokens/s.

@@ -9,7 +9,7 @@ Writes, in `-o DIR` (Dynamo's layout, reference dynamo-planner.md §3-4):
 the JSON fallback `prefill_raw_data.json` and `decode_raw_data.json`,
 `prefill_performance.png` and `decode_performance.png` (with matplotlib), and
 `summary.json` (the comparison and the recommendation). Prints the comparison table and
-seed 002's recommendation lines on stdout; the progress bar goes to stderr.
+Dynamo's recommendation lines on stdout; the progress bar goes to stderr.
 
 Exit status: 0; 2 for bad flags or an endpoint that cannot be measured (one line on
 stderr); also 2 when no endpoint meets the SLA: the data are still written (they

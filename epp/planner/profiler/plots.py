@@ -1,4 +1,4 @@
-"""The profiler's two figures, after seed 002's (Dynamo's `prefill_performance.png` and
+"""The profiler's two figures, after Dynamo's (Dynamo's `prefill_performance.png` and
 `decode_performance.png`, `benchmarks/profiler/utils/plot.py`).
 
 - prefill: TTFT and prefill tokens/s/GPU against ISL (the in-depth sweep of the chosen

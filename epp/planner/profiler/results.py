@@ -13,7 +13,7 @@ so `epp.planner.core.perf` and Dynamo's `perf_interpolation.py` read the same fi
 The recommendation follows Dynamo's profiler (§4): among the points meeting the SLA,
 the best throughput per GPU; if none meets it, the lowest latency, flagged as such.
 The load-planner thresholds use the May-2025 profiler's formulas (§4 "Old version",
-`benchmarks/profiler/profile_sla.py` @ 3f53a78e0), which is what seed 002 prints.
+`benchmarks/profiler/profile_sla.py` @ 3f53a78e0), which is what Dynamo's profiler prints.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ class Recommendation:
         return out
 
     def planner_flags(self) -> dict[str, str]:
-        """Seed 002's option names for the values above."""
+        """Dynamo's option names for the values above."""
         return {
             "prefill-engine-num-gpu": str(self.prefill.candidate.endpoint.num_gpus),
             "decode-engine-num-gpu": str(self.decode.candidate.endpoint.num_gpus),

@@ -1,7 +1,7 @@
 """The local connector's statefile: which replicas this EPP started, so a restarted
 EPP adopts them instead of orphaning or duplicating them.
 
-Dynamo's local connector (LOAD-v0, seed 002, reference §6.3) kept
+Dynamo's local connector (LOAD-v0, reference §6.3) kept
 `~/.dynamo/state/{namespace}.json` with each worker's command and resources. Here one
 JSON object: `{"version": 1, "workers": [{name, role, port, pid, argv, log}]}`; a decode
 replica with its P/D sidecar also has `server_port` (the decode server's own port; `port`

@@ -1,4 +1,4 @@
-"""Virtual connector: the planner decides, an external environment acts (seed 002's
+"""Virtual connector: the planner decides, an external environment acts (Dynamo's
 `environment: virtual`, Dynamo's VirtualConnector, reference §6.1), over gRPC instead
 of etcd keys (proto/planner.proto).
 

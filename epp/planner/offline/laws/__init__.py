@@ -1,4 +1,4 @@
-"""The field's autoscaling laws, replayed beside this planner (issue 15 item 1).
+"""The field's autoscaling laws, replayed beside this planner.
 
 Each is a `types.Policy` with its published defaults, pure like every planner module:
 

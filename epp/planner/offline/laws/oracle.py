@@ -3,7 +3,7 @@
 Not deployable, and not meant to be: it knows each interval's arrivals before they come,
 and its replicas serve the moment it asks for them. What it answers is "how few GPUs
 could this trace have been served with, interval by interval, at this SLA?", so a
-policy's GPU-hours can be read as a multiple of the floor (issue 15 items 1 and 3).
+policy's GPU-hours can be read as a multiple of the floor.
 
 Per report interval `k` (`[k·I, (k+1)·I)`), `sizes[k]` is the fewest replicas that serve
 the interval's own requests at the bar the comparison judges, measured by replaying that
@@ -11,10 +11,10 @@ interval on a static pool of that size with the interval before it as warm-up
 (`static.Sizer.measure`, the exact replay static-peak is sized by). The bar
 (`--oracle-target`, `target` below):
 
-- a share of requests, default `DEFAULT_TARGET` (0.99, issue 15's request target):
+- a share of requests, default `DEFAULT_TARGET` (0.99, the request target):
   at least that share of the interval's requests meet both SLAs, each request judged
   as `outcome` judges it (its TTFT and its ITL within; an unanswered one misses);
-- `run:SHARE` (`run:0.99`): the issue's bar itself, on the run rather than on each
+- `run:SHARE` (`run:0.99`): the bar itself, on the run rather than on each
   interval: at least SHARE of all requests and `WINDOW_SHARE` (95 %) of every 5-minute
   window's within both SLAs. Meeting it in every interval is sufficient, not necessary:
   an interval whose last replica saves few misses can give them up for another's. So
@@ -23,8 +23,8 @@ interval on a static pool of that size with the interval before it as warm-up
   one replica for one interval), while the run's and every window's allowance hold. With
   each interval's misses convex in its replicas (each replica removed costs more than
   the last) the greedy order is optimal for these replays; one sizing replay per step.
-- `p90` (`P90`): the interval's p90 TTFT and p90 ITL within the SLA (issue 8's interval
-  verdict; the oracle of the comparison's first five runs, kept so their tables can be
+- `p90` (`P90`): the interval's p90 TTFT and p90 ITL within the SLA (the per-interval
+  verdict; the oracle of the earlier comparisons, kept so their tables can be
   reproduced). It answers a weaker question: on Azure x3 it kept 95.1 % of requests.
 
 At a target of 0.9 or more the request bar implies the p90 bar whenever a share of at
@@ -66,9 +66,9 @@ from epp.planner.offline.replay import Arrival
 from epp.planner.offline.static import MAX_REPLICAS, Segment, Sizer, counts_per_interval
 
 NAME = "oracle"
-P90 = "p90"  # the interval's p90s within the SLA: the first five runs' oracle
+P90 = "p90"  # the interval's p90s within the SLA: the earlier comparisons' oracle
 INTERVAL, RUN = "interval", "run"
-WINDOW_S, WINDOW_SHARE = 300.0, 0.95  # issue 15: >= 95 % in every 5-minute window
+WINDOW_S, WINDOW_SHARE = 300.0, 0.95  # the judge: >= 95 % in every 5-minute window
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ class OracleTarget:
         return f"{self.share:g}" if self.rule == INTERVAL else f"{RUN}:{self.share:g}"
 
 
-DEFAULT_TARGET = OracleTarget(INTERVAL, 0.99)  # issue 15: >= 99 % of requests
+DEFAULT_TARGET = OracleTarget(INTERVAL, 0.99)  # the judge: >= 99 % of requests
 P90_TARGET = OracleTarget(P90)
 
 
