@@ -24,9 +24,9 @@ Frozen on purpose: when `sla_mode` improves, this file does not. Each step follo
 
 Adaptations, each where SLA-v1 has no answer:
 
-- **Aggregated pool.** SLA-v1 is disaggregated only (Dynamo's planner documentation). On an aggregated pool
-  this mode sizes the one role with the decode formula alone, as Dynamo's later
-  `mode: agg` does (only its decode planner runs); the prefill correction and
+- **Aggregated pool.** SLA-v1 is disaggregated only (Dynamo's planner documentation).
+  On an aggregated pool this mode sizes the one role with the decode formula alone, as
+  Dynamo's later `mode: agg` does (only its decode planner runs); the prefill correction and
   formula are not used. The budget is the single-component form with round().
 - **Zero throughput.** If the interpolated throughput is 0 (the ITL target is below
   every profiled cell and the fallback cell has no throughput), SLA-v1 divides by zero

@@ -1,6 +1,7 @@
 """The per-request SLA pick.
 
-The judge (epp/planner/offline/outcome.py) rates a policy on the share of *requests* within both SLAs (>= 99 %) and on
+The judge (epp/planner/offline/outcome.py) rates a policy on the share of *requests*
+within both SLAs (>= 99 %) and on
 its worst 5-minute window (>= 95 %). The replay's first pick (`static.Sizer.default_sla`)
 is an *interval* rule: p90 TTFT and p90 ITL within it in every interval, which lets up
 to a tenth of each interval's requests miss, so the static-peak pool itself kept only
