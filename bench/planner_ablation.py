@@ -1,5 +1,5 @@
 """One switch at a time: `epp` replayed with a base planner file plus one flipped key per
-row, the markdown table an ablation recorded in docs/BENCHMARKS.md's git history shows.
+row, the markdown table an ablation recorded in docs/BENCHMARKS.md@a73a134 shows.
 
     .venv/bin/python bench/planner_ablation.py --trace T [--rate-scale K] --ttft MS --itl MS \
         --profile DIR [--startup-s S] [--base 'max-gpu-budget: 14'] \

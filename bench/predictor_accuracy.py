@@ -135,7 +135,7 @@ def epp_view(
     counts as in flight until its `finish` (`held`: finished in the engine, not yet by
     `now`) and its prompt as pending prefill until its `first_token`. (Before this, a
     long prompt's 300-600 ms prefill step vanished from the view the moment it started,
-    and a chat routed behind it was predicted at ~20 ms: docs/BENCHMARKS.md "What limits
+    and a chat routed behind it was predicted at ~20 ms: docs/BENCHMARKS.md@a73a134 "What limits
     the predictor".) `pending[rid]` has the request's `isl` and `osl` as the EPP counts
     them, and its `arrival` (when it was routed: the oldest pending one's is
     `oldest_pending_at`)."""

@@ -34,7 +34,7 @@ class ServeOptions:
     drain_timeout: float = 30.0
     # Upstream's 50 ms while an endpoint's metrics change, backing off to 1 s while they
     # do not (epp/datalayer/scraper.py): an idle pool costs what a fixed 1 s does (-65 %
-    # of the servers' scrape CPU, docs/BENCHMARKS.md "Scrape interval"), while a server
+    # of the servers' scrape CPU, docs/BENCHMARKS.md@a73a134 "Scrape interval"), while a server
     # under changing load is still read every 50 ms, which the configs that score
     # scraped queues (load-only, prefix-weighted, precise) need. The default config
     # (sticky until saturated) takes its fast signal from the EPP's own in-flight counts.

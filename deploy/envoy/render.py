@@ -101,7 +101,7 @@ _OBSERVER_EDITS = [
         """          # The response path off the client's path (epp serve --response-path observer):
           # observability_mode is "send and go": Envoy sends each phase to the EPP and
           # carries on at once, ignoring any answer, so a response chunk reaches the client
-          # without a round trip through the EPP (docs/BENCHMARKS.md, "Observer response
+          # without a round trip through the EPP (docs/BENCHMARKS.md@a73a134, "Observer response
           # path"). The EPP joins this stream to the routed request by x-epp-route-id, which
           # the filter above set on the request headers this one sees.
           # What Envoy 1.40 sends here (verified against the binary, tests/e2e/test_observer.py):

@@ -4,7 +4,7 @@ endpoint, the response read by an asyncio Protocol, nothing else.
 Why not aiohttp's ClientSession (what the scraper used): it is general (redirects,
 cookies, tracing, a connector pool, a streaming reader) and costs ~0.55 ms of CPU per
 GET of a 25 KB `/metrics` page on the 2-vCPU bench VM, against ~0.2 ms for a Protocol
-that only frames one response (`bench/scrape_cost.py`, docs/BENCHMARKS.md "Request-path
+that only frames one response (`bench/scrape_cost.py`, docs/BENCHMARKS.md@a73a134 "Request-path
 cost"). The EPP polls every endpoint 20 times a second, so that difference is most of
 what scraping costs.
 

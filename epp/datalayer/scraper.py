@@ -17,7 +17,7 @@ state (queue, running, KV usage, adapters) did not change since its last scrape 
 scraped half as often each time, up to `max_interval`; any change or failure goes back to
 `interval` at once. The EPP's own in-flight counts are the fast load signal (updated at
 pick, first token and end of every request it routes), so an idle server need not answer
-20 scrapes a second; a busy one is still read at the fast rate (docs/BENCHMARKS.md,
+20 scrapes a second; a busy one is still read at the fast rate (docs/BENCHMARKS.md@a73a134,
 "Scrape interval").
 
 The scraper follows the pool: it listens to `Datastore.on_change` and starts tasks

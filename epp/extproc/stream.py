@@ -73,7 +73,7 @@ PARSE_OFF_LOOP_BYTES = 256 * 1024
 # Above this many body bytes, when a plugin tokenizes the prompt (`Director.prepares`:
 # a prefix producer with a `tokenizer`), the parse AND that request-only work
 # (`Scheduler.prepare`) run in a worker thread before routing. Tokenizing costs ~2.4 µs
-# of CPU per token (docs/BENCHMARKS.md "Chat rendering and tokenizing"): a 16 KiB prompt
+# of CPU per token (docs/BENCHMARKS.md@a73a134 "Chat rendering and tokenizing"): a 16 KiB prompt
 # is ~4K tokens, ~10 ms on the loop, against ~0.1-0.2 ms for the hop; below it the hop
 # costs about what it saves.
 PREPARE_OFF_LOOP_BYTES = 16 * 1024

@@ -2,7 +2,7 @@
 per-endpoint history some of them need.
 
 Two sets, chosen by the producer's `features` parameter and compared side by side in
-`bench/predictor_accuracy.py` (docs/BENCHMARKS.md "Predictor accuracy per load level"):
+`bench/predictor_accuracy.py` (docs/BENCHMARKS.md@a73a134 "Predictor accuracy per load level"):
 
 - `basic` (default): TTFT and TPOT linear in the scraped queue counts, KV use and the
   EPP's in-flight counts (requests, prefill tokens, decode tokens).
@@ -11,7 +11,7 @@ Two sets, chosen by the producer's `features` parameter and compared side by sid
   8.7 → 7.1 % at 25 % load, 20.1 → 16.9 % at 47 %) but, as a linear term, it extrapolates:
   an old pending request that is queued rather than being prefilled makes the endpoint
   look nearly done, and at 25-35 % load routing on it sent more chats behind long
-  prefills (docs/BENCHMARKS.md "Closer to the anchor"). Not the default.
+  prefills (docs/BENCHMARKS.md@a73a134 "Closer to the anchor"). Not the default.
 - `queue` adds the terms queueing theory says TTFT and TPOT are made of, each scaled by
   the endpoint's own measured speed so that one pool-wide fit could serve a 2x slower
   server too:

@@ -24,7 +24,7 @@ endpoints only).
 
 The fit minimises the squared relative error by default (`fitObjective: relative`): the
 absolute one let the long prompts' large errors set the weights and left short requests
-off by 30-140 % (docs/BENCHMARKS.md "Predictor accuracy per load level").
+off by 30-140 % (docs/BENCHMARKS.md@a73a134 "Predictor accuracy per load level").
 Parameters are this EPP's: upstream's sidecar knobs (`samplingMean`, `contextTTL`, …) have
 no meaning here and are refused as unknown.
 """

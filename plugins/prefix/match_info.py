@@ -129,7 +129,7 @@ def placement_tokens(
     hit, so a cold full server costs the pool about twice the prefill, a cached one
     nothing more. Without the term a group whose server is one request busier moves to
     an idle server that must evict other groups to hold it, and under KV pressure that
-    cascades (docs/BENCHMARKS.md, "Routing on real vLLM servers"). Only matched endpoints
+    cascades (docs/BENCHMARKS.md, "Prefix hit rates on real vLLM servers"). Only matched endpoints
     cost less than the whole prompt; the rest are one dict lookup each."""
     whole = info.request_tokens(estimate)
     get = uncached_by_name(info, whole).get

@@ -5,7 +5,7 @@ is the same in all of them (each subscribes to every server's KV events), but th
 speculative entries ("this request was just routed to X; its blocks will be there") were
 per replica: until X's `BlockStored` events arrive (after its prefill, so up to a queue
 wait plus a prefill at load) a follow-up that reaches another replica sees no prefix
-anywhere and lands elsewhere. docs/BENCHMARKS.md "EPP replicas" measured the loss (precise
+anywhere and lands elsewhere. docs/BENCHMARKS.md@a73a134 "EPP replicas" measured the loss (precise
 index, many-groups: 45.5 % hit rate with one EPP, 30.5 % with two). Here each replica
 publishes every speculative entry it adds and applies the others', so the window in which
 replicas disagree shrinks from a prefill to one loopback/LAN message.

@@ -4,7 +4,7 @@ The SLA mode sizes each interval so its TTFT and ITL *percentile* (`sla-percenti
 p90) meets the SLA; the planner is judged on the share of *requests* within both (>= 99 %). An
 interval at its p90 still lets up to a tenth of its requests miss; sizing at p99
 instead reaches the target but over-provisions (the queue model's p99 tail: 1.13x
-static-peak on Azure x3, an ablation recorded in docs/BENCHMARKS.md's git history). Between
+static-peak on Azure x3, an ablation recorded in docs/BENCHMARKS.md@a73a134). Between
 the two, this controller measures what the target is about and adds capacity until it
 is met:
 

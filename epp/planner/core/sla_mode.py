@@ -63,7 +63,7 @@ Per interval:
    the profile's ITL / (1 − rho) at the rate the measured requests saw, so it measures
    what the model misses, not the interference; an interval with fewer than 20
    completions does not move it (a burst's stragglers saw earlier intervals' prompts).
-   Off by default (an ablation recorded in docs/BENCHMARKS.md's git history: the ITL factor
+   Off by default (an ablation recorded in docs/BENCHMARKS.md@a73a134: the ITL factor
    falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
    traces): decode sized on the decode profile alone, as Dynamo.
 8. **Hysteresis and cooldown** (#9294), as a stabilization window
@@ -84,7 +84,7 @@ Per interval:
    they show (the replica arrives after the burst), only by capacity held through the
    gap; the decay lets a pool whose bursts stop come down. Both only limit scale-downs.
 10. **Meeting rises** (each off by default unless the ablation in
-   an ablation recorded in docs/BENCHMARKS.md's git history chose it). A reactive forecast sees
+   an ablation recorded in docs/BENCHMARKS.md@a73a134 chose it). A reactive forecast sees
    a rise one interval late and a new replica serves a start-up after that:
    - `rise-headroom` h: the forecast count plus h x the last interval's rise (when
      positive) x the horizon in intervals, the load the rise reaches by the time a
@@ -118,7 +118,7 @@ Per interval:
    model, ITL per request from the prompts batched into its own steps (`agg_itl.py`, a
    compound Poisson sum over its osl - 1 steps), each over its factor, the ITL factor
    then comparing the observed p90 with that distribution's. Both off by default
-   (an ablation recorded in docs/BENCHMARKS.md's git history).
+   (an ablation recorded in docs/BENCHMARKS.md@a73a134).
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ class Sizer:
         to need it on a tie. Only the largest is wanted, so a segment the size found so
         far already serves costs one measurement (its own smallest is no larger) and one
         that it does not is searched from there up: at 50 replicas this is most of what
-        the SLA pick saved (an ablation recorded in docs/BENCHMARKS.md's git history)."""
+        the SLA pick saved (an ablation recorded in docs/BENCHMARKS.md@a73a134)."""
         best: Sizing | None = None
         for seg in segments:
             if best is not None and self._meets(sla, seg, best.replicas):

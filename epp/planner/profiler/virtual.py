@@ -6,7 +6,7 @@ but each point goes straight through the simulator's own scheduler
 (`epp.sim.latency.StepCostModel`) on a virtual clock, exactly as a running `epp sim`
 does minus the event loop (the same replacement `bench/sim_calibration.py` makes). It
 writes the NPZ files the replay (`epp plan replay`) interpolates, so replay and
-preset agree by construction; `docs/BENCHMARKS.md` "Planner: profiler" checks that an
+preset agree by construction; `docs/BENCHMARKS.md@a73a134` "Planner: profiler" checks that an
 HTTP sweep of a running `epp sim` lands on the same numbers.
 
 Every point starts from an empty engine: prefill with one prompt nobody sent before,

@@ -11,7 +11,7 @@ numpy), `arima` (statsmodels; a small AIC search), `prophet` (optional extra
 without `--` (reference dynamo-planner.md §7.1), kebab-case in the planner file.
 
 Default: `constant`, not Dynamo's `arima`. Dynamo #14238 asks whether ARIMA was ever
-validated against `constant`; the benchmark (docs/BENCHMARKS.md "Planner: load
+validated against `constant`; the benchmark (docs/BENCHMARKS.md@a73a134 "Planner: load
 predictors") answers no better: on the Azure trace constant is the most accurate at 60
 and 180 s intervals, on Mooncake every model is within 2 points of MAPE of it, on a
 bursty trace none foresees a burst (about a fifth of intervals are under-predicted by
