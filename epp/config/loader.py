@@ -74,7 +74,8 @@ DEFAULT_CONFIG = """\
 # the token-load scorer spreads by the tokens the EPP has in flight (a burst is balanced
 # before any scrape reports it) plus what this request would prefill there. The default of
 # upstream (GIE `pkg/epp/config/loader/defaults.go`: queue 2, KV cache 2, prefix 3) is
-# config/prefix-weighted.yaml; docs/BENCHMARKS.md "Routing vs Envoy round-robin on named workloads (simulated pool)" compares them.
+# config/prefix-weighted.yaml; docs/BENCHMARKS.md compares them ("Routing vs Envoy
+# round-robin on named workloads").
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:

@@ -5,7 +5,7 @@ Why not `MetricsScraper` on an asyncio loop in the thread (what ran before): per
 it paid a task wake-up, a future, an `asyncio.timeout` (a TimerHandle), a sleep (another
 TimerHandle) and the transport's callbacks; py-spy of `bench/scrape_cpu.py` put 44 % of
 the thread's CPU in asyncio's machinery, 15 % in the HTTP client, 34 % in parsing
-(docs/BENCHMARKS.md "Request-path cost: the EPP against a minimal ext_proc servicer"). Here a scrape is a `send`, the `epoll_wait`
+(docs/BENCHMARKS.md@a73a134 "Request-path cost"). Here a scrape is a `send`, the `epoll_wait`
 that was going to happen anyway, one or two `recv`s, and the parse: the selector's
 timeout is the next due scrape or deadline, both kept in heaps.
 

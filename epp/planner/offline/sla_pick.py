@@ -5,7 +5,7 @@ within both SLAs (>= 99 %) and on
 its worst 5-minute window (>= 95 %). The replay's first pick (`static.Sizer.default_sla`)
 is an *interval* rule: p90 TTFT and p90 ITL within it in every interval, which lets up
 to a tenth of each interval's requests miss, so the static-peak pool itself kept only
-94.5-98.6 % of requests within it (docs/BENCHMARKS.md "Planner: GPU-hours and attainment against the field's autoscalers"): the
+94.5-98.6 % of requests within it (docs/BENCHMARKS.md@a73a134 "Against the field"): the
 request target was unreachable by construction.
 
 `request_sla` picks the SLA from what the static-peak pool actually served: the
