@@ -1,5 +1,5 @@
 """Overload: critical + sheddable traffic at 2x the pool's capacity, with and without flow
-control (issue 10's "Overload" figure).
+control.
 
 Pool: `--sims` `epp sim` processes with `--max-num-seqs` slots each. Capacity is
 measured at the start of every repeat, in the first setup's fresh stack (closed loop: 2
@@ -12,7 +12,7 @@ a `--critical-share` of them carry `x-gateway-inference-objective: critical` (pr
 
 Setups, run in turn within each of `--repeats` repeats (same machine, same minutes):
 - `flow`: `config/flow-control.yaml` with `maxConcurrency` = the sims' slots, objectives;
-- `none`: the default config and no objectives (what the EPP did before issue 10);
+- `none`: the default config and no objectives (no flow control, no objectives);
 - `legacy` (optional): default config + objectives: sheddable 429 when the scraped
   utilization detector says saturated, no queue in the EPP.
 

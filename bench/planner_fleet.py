@@ -1,7 +1,7 @@
-"""Issue 15's table: `epp plan replay --compare --sweep-startup ... --json` files (and
-single-policy runs' files, merged in by trace, rate scale and start-up delay) turned
-into one markdown table per trace and rate scale, with the `epp` row checked against
-the targets.
+"""The planner-against-the-field tables: `epp plan replay --compare --sweep-startup ...
+--json` files (and single-policy runs' files, merged in by trace, rate scale and start-up
+delay) turned into one markdown table per trace and rate scale, with the `epp` row
+checked against the targets.
 
     .venv/bin/python bench/planner_fleet.py RUN.json [RUN.json ...] [--pareto-dir DIR]
 

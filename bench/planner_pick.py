@@ -1,5 +1,5 @@
 """The SLA pick's static sizing at fleet scale: the busiest segments sized one by one (each
-its own search, as before issue 15's third run) against `Sizer.smallest_for_all` (the
+its own search, as the pick first did) against `Sizer.smallest_for_all` (the
 largest size so far checked on the next segment with one measurement), side by side in
 one process, each on a fresh `Sizer` (nothing cached between them).
 

@@ -6,7 +6,7 @@ Run: `.venv/bin/python bench/prefix_index.py` (about a minute on a 2-core machin
   blocks, 256 blocks matched, 31,250 blocks per endpoint): `produce` for a 4K-token
   prompt (16,384 characters = 256 blocks, the first half held by one endpoint) with 8
   and 16 endpoints each holding 31,250 distinct blocks; then, in a fresh process, the
-  RSS growth of building 16 × 31,250 blocks (the issue's target: under 150 MB).
+  RSS growth of building 16 × 31,250 blocks (target: under 150 MB).
 - precise (`precise-prefix-cache-producer`, simple tokenizer, 16-token blocks): the same
   prompt as token ids, with 16 endpoints × 31,250 blocks stored through KV events; its
   `produce` includes tokenizing the prompt.

@@ -1,6 +1,6 @@
 """The workload matrix's verdict (`epp bench routing --matrix`): every setup's ratio to
 Envoy round-robin per scenario and rate, whether the new default (`epp-sticky`,
-config/prefix-aware.yaml) is within the issue's margins of the best cache-blind setup
+config/prefix-aware.yaml) is within the target's margins of the best cache-blind setup
 (round-robin, least-request, EPP load-only: TTFT p90/p99 within 5 %, output tokens/s within
 2 %), and the scenario x setup plot. Loaded by path from bench/routing.py."""
 

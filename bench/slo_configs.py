@@ -1,6 +1,6 @@
 """The SLO benchmarks' derived setups: `config/slo.yaml` without its predictor.
 
-Issue 10's anchor (llm-d's predicted-latency PR: TTFT mean −56.7 %, p99 −62.8 %) compares
+The anchor (llm-d's predicted-latency PR: TTFT mean −56.7 %, p99 −62.8 %) compares
 the same stack with and without the predictor. `without_predictor` builds that second
 stack from any config: the same file minus `predicted-latency-producer` and the plugins
 that only read its output (`slo-headroom-tier-filter`, `latency-scorer`), plugins and

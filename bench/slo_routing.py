@@ -1,5 +1,5 @@
 """SLO-aware routing vs the default profile vs prefix-aware, on a mixed workload over a
-heterogeneous pool (issue 10's "SLO routing" benchmark).
+heterogeneous pool.
 
 Pool: `--sims` `epp sim` processes (one `LocalStack` per setup, fresh), the last one 2x
 slower (decode and prefill ms per token doubled). Workload (seeded, identical per setup):
@@ -18,7 +18,7 @@ p99 per class. The predictor learns during the first `--warmup-s` seconds of tra
 no setup always runs first on a machine that warms up or gets busier), and reports the
 median of each figure over the repeats, plus each setup's attainment per repeat.
 Setup `slo-nopred` is `config/slo.yaml` without the predictor's plugins
-(`bench/slo_configs.py`): issue 10's anchor compares the stack with and without it.
+(`bench/slo_configs.py`): llm-d's anchor compares the stack with and without it.
 `--setup NAME=CONFIG` adds a setup running `epp serve --config CONFIG` (to compare
 variants of a profile without editing config/).
 

@@ -1,7 +1,7 @@
 """docs/BENCHMARKS.md from docs/data/results/*.json: one page of current headlines.
 
 Each JSON file is one headline table, written by the benchmark that measured it (or
-transcribed from its recorded output) in one schema:
+transcribed from its recorded output) in bench/results.py's schema:
 
     {"suite": str, "title": str, "command": str, "git_commit": str, "machine": str,
      "date": str, "columns": [str], "rows": [[...]], "notes": str (markdown)}
@@ -22,19 +22,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "data" / "results"
+sys.path.insert(0, str(ROOT))
+
+from bench.results import RESULTS, ResultError, check  # noqa: E402
+
 PAGE = ROOT / "docs" / "BENCHMARKS.md"
-FIELDS = {
-    "suite": str,
-    "title": str,
-    "command": str,
-    "git_commit": str,
-    "machine": str,
-    "date": str,
-    "columns": list,
-    "rows": list,
-    "notes": str,
-}
 # The headlines in reading order: routing, then the request path, then the planner.
 ORDER = [
     "routing_matrix",
@@ -64,25 +56,13 @@ average given.
 """
 
 
-class ResultError(ValueError):
-    pass
-
-
 def load(path: Path) -> dict:
     """One result file, checked against the schema; ResultError names the file and field."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ResultError(f"{path.name}: not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ResultError(f"{path.name}: must be an object")
-    for name, kind in FIELDS.items():
-        if not isinstance(data.get(name), kind):
-            raise ResultError(f"{path.name}: field {name!r} must be a {kind.__name__}")
-    width = len(data["columns"])
-    for i, row in enumerate(data["rows"]):
-        if not isinstance(row, list) or len(row) != width:
-            raise ResultError(f"{path.name}: rows[{i}] must be a list of {width} cells")
+    check(data, path.name)
     if data["suite"] != path.stem:
         raise ResultError(f"{path.name}: suite {data['suite']!r} must match the file name")
     return data
