@@ -29,7 +29,6 @@ across K.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -38,22 +37,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from epp.harness.localstack import start_epps_behind_envoy
-from epp.harness.procs import ProcessGroup
-
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script: the bench package beside it
+    sys.path.insert(0, str(HERE.parent))
 
+from bench import overhead  # noqa: E402
+from epp.harness.localstack import start_epps_behind_envoy  # noqa: E402
+from epp.harness.procs import ProcessGroup  # noqa: E402
 
-def _overhead():
-    spec = importlib.util.spec_from_file_location("epp_bench_overhead", HERE / "overhead.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-OVERHEAD = _overhead()
+OVERHEAD = overhead
 
 
 def parse_config(text: str) -> tuple[int, bool]:

@@ -51,9 +51,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+if str(REPO) not in sys.path:  # run as a script: the bench package beside it
+    sys.path.insert(0, str(REPO))
 
-from overhead import (  # noqa: E402
+from bench.overhead import (  # noqa: E402
     SIM_ARGS,
     cpu_seconds,
     hot_spots,
@@ -63,7 +64,6 @@ from overhead import (  # noqa: E402
     start_minimal,
     start_sims,
 )
-
 from epp.harness.procs import ProcessGroup  # noqa: E402
 
 

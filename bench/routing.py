@@ -88,11 +88,14 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.harness.envoy import EnvoyOptions, render_direct, start_envoy
-from epp.harness.localstack import start_epp_behind_envoy
-from epp.harness.procs import HttpReady, ProcessGroup, free_port, free_port_range
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the bench package beside it
+    sys.path.insert(0, str(ROOT))
+
+from epp.harness.envoy import EnvoyOptions, render_direct, start_envoy  # noqa: E402
+from epp.harness.localstack import start_epp_behind_envoy  # noqa: E402
+from epp.harness.procs import HttpReady, ProcessGroup, free_port, free_port_range  # noqa: E402
+
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
 _WORDS = [f"{a}{b}{c}" for a in "bcdfgklmnprst" for b in "aeiou" for c in "bdgklmnprst"]
 SETUPS = [
@@ -674,20 +677,6 @@ def start_setup(pg: ProcessGroup, setup: str, args: argparse.Namespace, tmp: Pat
 # ---------------------------------------------------------------- main
 
 
-def load_sibling(name: str):
-    """Another module of bench/ (not a package), loaded by path."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        f"epp_bench_{name}", ROOT / "bench" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="epp bench routing", description=__doc__.splitlines()[0])
     add_arguments(p)
@@ -935,10 +924,15 @@ def describe(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    argv = sys.argv[1:] if argv is None and args is None else argv
     if argv is not None and "--real-vllm" in argv:  # real servers: bench/routing_real.py
-        return load_sibling("routing_real").main([a for a in argv if a != "--real-vllm"])
+        from bench import routing_real
+
+        return routing_real.main([a for a in argv if a != "--real-vllm"])
     if argv is not None and "--virtual" in argv:  # placement only: bench/routing_virtual.py
-        return load_sibling("routing_virtual").main([a for a in argv if a != "--virtual"])
+        from bench import routing_virtual
+
+        return routing_virtual.main([a for a in argv if a != "--virtual"])
     args = args or parse_args(argv)
     scenarios = args.matrix or [args.scenario]
     rows: list[dict] = []
@@ -976,21 +970,24 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
 
 def trace_module():
     """bench/routing_trace.py (trace replay scenarios)."""
-    return sys.modules.get("epp_bench_routing_trace") or load_sibling("routing_trace")
+    from bench import routing_trace
+
+    return routing_trace
 
 
 def vr_module():
-    """bench/routing_vr.py (the vllm-router setups), loaded once: it keeps each router's
-    metrics address from its start to the read after the run."""
-    return sys.modules.get("epp_bench_routing_vr") or load_sibling("routing_vr")
+    """bench/routing_vr.py (the vllm-router setups), one module for the process: it keeps
+    each router's metrics address from its start to the read after the run."""
+    from bench import routing_vr
+
+    return routing_vr
 
 
 def matrix_module():
-    """bench/routing_matrix.py (ratios and the matrix plot), loaded by path like this file."""
-    from epp.harness.bench_cli import load_path
+    """bench/routing_matrix.py (ratios and the matrix plot)."""
+    from bench import routing_matrix
 
-    # Loaded once (summarize() asks per run).
-    return load_path(Path(__file__).with_name("routing_matrix.py"), "epp_bench_routing_matrix")
+    return routing_matrix
 
 
 if __name__ == "__main__":

@@ -57,15 +57,18 @@ from pathlib import Path
 
 import aiohttp
 
-from epp.harness.bench_cli import load_path
-from epp.harness.envoy import EnvoyOptions, render_direct, start_envoy
-from epp.harness.localstack import start_epp_behind_envoy
-from epp.harness.procs import HttpReady, ProcessGroup, free_port, free_port_range, wait_ready
-from epp.prompt_tokens import encode_request
-from epp.request import new_request, parse_body
-from epp.tokenizer import HFTokenizer
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the bench package beside it
+    sys.path.insert(0, str(ROOT))
+
+from bench import routing_vr  # noqa: E402
+from epp.harness.envoy import EnvoyOptions, render_direct, start_envoy  # noqa: E402
+from epp.harness.localstack import start_epp_behind_envoy  # noqa: E402
+from epp.harness.procs import HttpReady, ProcessGroup, free_port, free_port_range, wait_ready  # noqa: E402
+from epp.prompt_tokens import encode_request  # noqa: E402
+from epp.request import new_request, parse_body  # noqa: E402
+from epp.tokenizer import HFTokenizer  # noqa: E402
+
 SERVE = ROOT / "scripts" / "vllm" / "serve.py"
 SETUPS = [
     "rr",
@@ -105,7 +108,7 @@ TEXT_SOURCE = (
 )
 TEXT = TEXT_SOURCE.split(" ")
 # vllm-router's start and counters, shared with the simulator bench (bench/routing_vr.py).
-VR = load_path(ROOT / "bench" / "routing_vr.py", "epp_bench_routing_vr")
+VR = routing_vr
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -55,10 +55,10 @@ ENVOY_SETUPS = ("rr", "lr", "random")
 
 
 def routing_module():
-    """bench/routing.py (scenarios, prompts, tables), loaded by path like its siblings."""
-    from epp.harness.bench_cli import load_path
+    """bench/routing.py (scenarios, prompts, tables)."""
+    from bench import routing
 
-    return load_path(ROOT / "bench" / "routing.py", "epp_bench_routing")
+    return routing
 
 
 @dataclass

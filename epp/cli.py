@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "epp.planner.profiler.cli",
         "measure OpenAI endpoints for the planner: TTFT/ITL sweeps, NPZ data, recommendation",
     ),
-    "bench": ("epp.harness.bench_cli", "run a benchmark from bench/ (routing)"),
+    "bench": ("epp.harness.bench_cli", "run a benchmark suite of bench/ (epp bench --list)"),
     "plan": ("epp.planner.cli", "planner what-ifs: replay a trace through scaling policies"),
     "planner": (
         "epp.planner.live.standalone",

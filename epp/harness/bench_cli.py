@@ -9,27 +9,11 @@ its flags are its own (`epp bench routing --help`).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import runpy
 import sys
 from pathlib import Path
-from types import ModuleType
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-
-
-def load_path(path: Path, module_name: str) -> ModuleType:
-    """A bench/ file as a module of its own name, loaded once per name (the routing
-    suites load their parts this way, under the names their callers expect)."""
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def suites() -> dict:

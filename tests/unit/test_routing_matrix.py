@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from epp.harness.bench_cli import load_path
+from bench import routing_matrix
 
 PATH = Path(__file__).resolve().parents[2] / "bench" / "routing_matrix.py"
 
 
 @pytest.fixture(scope="module")
 def m():
-    return load_path(PATH, "routing_matrix_under_test")
+    return routing_matrix
 
 
 def row(setup, rate, tok_s, p90, first=0.02, second=0.02, errors=0, scenario="s"):

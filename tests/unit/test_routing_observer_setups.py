@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from epp.harness.bench_cli import load_path
+from bench import routing as routing_module
+from bench import routing_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def routing():
-    return load_path(ROOT / "bench" / "routing.py", "routing_observer_under_test")
+    return routing_module
 
 
 def test_obs_setups_parse_beside_the_in_path_ones(routing):
@@ -38,7 +39,7 @@ def test_obs_setups_are_labelled_as_their_base_plus_observer(routing):
 
 
 def test_ttft_ratio_table_divides_each_percentile_by_round_robins():
-    matrix = load_path(ROOT / "bench" / "routing_matrix.py", "routing_matrix_under_test")
+    matrix = routing_matrix
 
     def row(setup, p50, p90, p99):
         return dict(scenario="one-prefix", rate=40.0, setup=setup, ttft_p50=p50, ttft_p90=p90,

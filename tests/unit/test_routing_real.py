@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import routing_real
 from epp.config.loader import load_config_text
-from epp.harness.bench_cli import load_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load():
-    return load_path(ROOT / "bench" / "routing_real.py", "epp_bench_routing_real")
+    return routing_real
 
 
 @pytest.fixture()

@@ -4,31 +4,20 @@ the caps hold, and the stages replay the trace's last requests at their rates.""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from bench import routing as routing_module
+from bench import routing_trace
 from epp.tokenizer import SimpleTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def bench(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"epp_bench_{name}", ROOT / "bench" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-trace = bench("routing_trace")
-routing = bench("routing")
+trace = routing_trace
+routing = routing_module
 TOK = SimpleTokenizer()
 
 

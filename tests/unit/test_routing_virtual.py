@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import routing_virtual
 from epp.composition import install_plugins
-from epp.harness.bench_cli import load_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def rv():
     install_plugins()
-    return load_path(ROOT / "bench" / "routing_virtual.py", "routing_virtual_under_test")
+    return routing_virtual
 
 
 def scenario(rv, name: str, tmp_path: Path):
