@@ -19,14 +19,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "epp.harness.demo",
         "start simulators, the EPP and Envoy, send traffic, print a table",
     ),
-    "plugins": ("epp.plugin_list", "list plugin types, their aliases and parameters"),
+    "plugins": ("epp.plugins_cli", "list plugin types, their aliases and parameters"),
     "sidecar": ("epp.sidecar.cli", "P/D sidecar of a decode server: remote prefill, then decode"),
     "profile": (
         "epp.planner.profiler.cli",
         "measure OpenAI endpoints for the planner: TTFT/ITL sweeps, NPZ data, recommendation",
     ),
     "bench": ("epp.harness.bench_cli", "run a benchmark suite of bench/ (epp bench --list)"),
-    "plan": ("epp.planner.cli", "planner what-ifs: replay a trace through scaling policies"),
+    "plan": ("epp.planner.plan_cli", "planner what-ifs: replay a trace through scaling policies"),
     "planner": (
         "epp.planner.live.standalone",
         "the planner alone: observe through Prometheus, act through a virtual/kubernetes connector",

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from epp.plugin_list import render
+from epp.plugins_cli import render
 from epp.scheduling.registry import PLUGIN_TYPES
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
