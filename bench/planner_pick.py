@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from epp.planner.plan_cli import parse_duration
 from epp.planner.offline.pool import PoolShape, Spares
 from epp.planner.offline.static import Sizer, mean_segment, peak_segments
 from epp.planner.offline.tracegen import scale_rate
+from epp.planner.plan_cli import parse_duration
 from epp.planner.tracefile import load_trace
 from epp.sim import presets
 
