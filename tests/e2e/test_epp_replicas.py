@@ -35,8 +35,8 @@ from tests.e2e.test_prefix_routing import (
     post_ok,
     question,
     system_prompt,
-    wait_for,
 )
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +99,7 @@ async def test_two_replicas_share_the_precise_prefix_index(tmp_path: Path):
                         return False
                 return True
 
-            await wait_for(pool_ready, 30, "both EPPs to see the three simulators healthy")
+            await eventually(pool_ready, "both EPPs to see the three simulators healthy", 30)
             prefix = system_prompt("replicas")
             before = [await stored(e) for e in epps]
             first = await post_ok(http, envoy.url, prefix + question(0))
@@ -107,7 +107,7 @@ async def test_two_replicas_share_the_precise_prefix_index(tmp_path: Path):
             async def both_indexed() -> bool:
                 return all([await stored(e) > b for e, b in zip(epps, before, strict=True)])
 
-            await wait_for(both_indexed, 15, "BlockStored events to reach BOTH replicas")
+            await eventually(both_indexed, "BlockStored events to reach BOTH replicas", 15)
             handled0 = [await attempts(e) for e in epps]
             follow = [await post_ok(http, envoy.url, prefix + question(i)) for i in range(1, 11)]
             handled = [await attempts(e) - h for e, h in zip(epps, handled0, strict=True)]
@@ -179,7 +179,7 @@ async def test_two_replicas_share_speculative_entries(tmp_path: Path):
                         return False
                 return True
 
-            await wait_for(pool_ready, 30, "both EPPs to see the simulators healthy")
+            await eventually(pool_ready, "both EPPs to see the simulators healthy", 30)
 
             # A replica's SUB connects asynchronously: the first entries could be published
             # before the peer is connected (PUB drops them). Warm both directions with
@@ -189,7 +189,7 @@ async def test_two_replicas_share_speculative_entries(tmp_path: Path):
                 await post_ok(http, envoy.url, system_prompt("warm-up") + question(0))
                 return await applied() >= 1
 
-            await wait_for(channel_up, 30, "each replica to apply its peer's speculative entry")
+            await eventually(channel_up, "each replica to apply its peer's speculative entry", 30)
             handled0 = [await attempts(e) for e in epps]
             placed: dict[str, Counter] = {}
             for g in range(groups):

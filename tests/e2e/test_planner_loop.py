@@ -29,6 +29,9 @@ from epp.planner.live.loop import ManualTicks
 from epp.serve import EppServer, ServeOptions
 from tests.eventually import eventually
 
+# Replicas start, get scraped and take load: the deadline only bounds a broken run.
+WAIT_S = 60.0
+
 SIM = "epp sim --port {port} --max-num-seqs 2 --decode-ms-per-token 4 --prefill-ms-per-token 0.01"
 AGG = Role.AGGREGATED
 
@@ -136,12 +139,15 @@ async def test_ramp_scales_up_idle_scales_down_and_a_drain_loses_nothing(stack, 
     # min-endpoint 1: the connector started one replica before the thread started
     await conn.settle()
     assert conn.replicas()[AGG].ready == 1
-    await eventually(lambda: healthy_count(server) == 1, "the first replica to be scraped")
+    await eventually(
+        lambda: healthy_count(server) == 1, "the first replica to be scraped", timeout=WAIT_S
+    )
 
     async with Load(url, concurrency=16) as load:
         await eventually(
             lambda: sum(s.metrics.waiting_queue_size for s in server.datastore.snapshot()) >= 8,
             "a queue to form",
+            timeout=WAIT_S,
         )
         await asyncio.to_thread(ticks.advance, t[0])  # the first tick opens the window
         # ramp: one interval under load → +1 (load mode moves ±1 per interval)
@@ -149,8 +155,12 @@ async def test_ramp_scales_up_idle_scales_down_and_a_drain_loses_nothing(stack, 
         decision = server.planner.decisions[-1]
         assert decision.target(AGG) == 2, decision.reason
         assert conn.replicas()[AGG].ready == 2
-        await eventually(lambda: healthy_count(server) == 2, "the new replica to be scraped")
-        await eventually(lambda: len(load.statuses) >= 40, "traffic on two replicas")
+        await eventually(
+            lambda: healthy_count(server) == 2, "the new replica to be scraped", timeout=WAIT_S
+        )
+        await eventually(
+            lambda: len(load.statuses) >= 40, "traffic on two replicas", timeout=WAIT_S
+        )
 
         # scale-down under load: the victim has requests in flight when its drain starts
         victim = max(conn.ready_names(), key=lambda n: server.datastore.inflight(n)[0])
@@ -165,7 +175,9 @@ async def test_ramp_scales_up_idle_scales_down_and_a_drain_loses_nothing(stack, 
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         before = len(load.statuses)
-        await eventually(lambda: len(load.statuses) >= before + 20, "traffic after the drain")
+        await eventually(
+            lambda: len(load.statuses) >= before + 20, "traffic after the drain", timeout=WAIT_S
+        )
         await load.stop()
     # every request of the ramp and the drain under load succeeded
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))

@@ -47,6 +47,9 @@ from epp.scheduling.registry import Handle
 from epp.serve import EppServer, ServeOptions
 from tests.eventually import eventually
 
+# Replicas start, get scraped and take load: the deadline only bounds a broken run.
+WAIT_S = 300.0
+
 pytestmark = pytest.mark.e2e
 
 P, D = Role.PREFILL, Role.DECODE
@@ -177,7 +180,7 @@ async def interval(
     at a lucky instant cannot flip the decision); then wait for the connector to carry
     the decision out."""
     for _ in range(2):
-        await eventually(load, what)
+        await eventually(load, what, timeout=WAIT_S)
         t[0] += 1.0
         await asyncio.to_thread(ticks.advance, t[0])
     planner = server.planner
@@ -196,7 +199,9 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
     assert isinstance(conn, LocalConnector)
     await conn.settle()
     assert conn.replicas()[P].ready == 1 and conn.replicas()[D].ready == 1
-    await eventually(lambda: healthy(server, P) == 1 and healthy(server, D) == 1, "scrapes")
+    await eventually(
+        lambda: healthy(server, P) == 1 and healthy(server, D) == 1, "scrapes", timeout=WAIT_S
+    )
     # every decode replica is its server plus its sidecar, in one process group; the
     # pool lists the sidecar
     (dec,) = [w for w in conn.workers() if w.role == D]
@@ -218,7 +223,9 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
         # the new prefill replica gets remote prefills through the decode sidecar (it is
         # in the sidecar's allowlist before the EPP routes to it: no 403)
         new = next(w for w in conn.workers() if w.role == P and w.name != "prefill-0")
-        await eventually(lambda: received(new.port) >= 1, "a remote prefill on the new replica")
+        await eventually(
+            lambda: received(new.port) >= 1, "a remote prefill on the new replica", timeout=WAIT_S
+        )
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))
     listed = json.loads(conn.prefill_file.read_text())
     assert sorted(e["port"] for e in listed) == sorted(w.port for w in conn.workers()
@@ -241,9 +248,13 @@ async def test_prefill_and_decode_scale_independently_and_no_request_fails(pd, t
         assert conn.replicas()[D].ready == 2
         decoders = [w for w in conn.workers() if w.role == D]
         assert all(w.sidecar_pid and pid_runs(w.sidecar_pid) for w in decoders)
-        await eventually(lambda: healthy(server, D) == 2, "the new decode replica to be scraped")
+        await eventually(
+            lambda: healthy(server, D) == 2, "the new decode replica to be scraped", timeout=WAIT_S
+        )
         before = len(load.statuses)
-        await eventually(lambda: len(load.statuses) >= before + 24, "traffic on two decoders")
+        await eventually(
+            lambda: len(load.statuses) >= before + 24, "traffic on two decoders", timeout=WAIT_S
+        )
     assert load.statuses and set(load.statuses) == {200}, sorted(set(load.statuses))
     prefill_targets = [x.target(P) for x in server.planner.decisions]
     assert max(prefill_targets) == 2 and prefill_targets[0] == 2

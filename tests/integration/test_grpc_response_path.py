@@ -18,7 +18,8 @@ from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.extproc.server import start_grpc_servers
 from epp.scheduling.registry import Handle
-from tests.integration.test_grpc_servicer import MODES, chunks, headers, open_stream, wait_until
+from tests.eventually import eventually
+from tests.integration.test_grpc_servicer import MODES, chunks, headers, open_stream
 
 BODY = json.dumps({"model": "m", "prompt": "tell me a story", "stream": True}).encode()
 
@@ -93,7 +94,7 @@ async def test_inflight_ends_with_the_response_not_the_stream(epp):
     (rec,) = records
     assert (rec.ok, rec.osl, rec.status, rec.endpoint) == (True, 3, 200, "e0")
     await queue.put(None)
-    await wait_until(lambda: servicer.open_streams == 0)
+    await eventually(lambda: servicer.open_streams == 0)
     assert len(records) == 1 and ds.inflight("e0") == (0, 0)
 
 
@@ -106,7 +107,7 @@ async def test_cancelled_mid_response_releases_and_reports_failure(epp):
     await call.read()
     assert ds.inflight("e0")[0] == 1
     call.cancel()  # what Envoy does when the client goes away
-    await wait_until(lambda: servicer.open_streams == 0 and ds.inflight("e0") == (0, 0))
+    await eventually(lambda: servicer.open_streams == 0 and ds.inflight("e0") == (0, 0))
     assert ds.inflight("e0") == (0, 0)
     (rec,) = records
     assert (rec.ok, rec.osl) == (False, 1)
@@ -118,7 +119,7 @@ async def test_envoy_without_response_phases_is_reported_once(epp, caplog):
     for _ in range(2):
         queue, _ = await routed(stub, ds)
         await queue.put(None)  # Envoy half-closes right after routing (phases skipped)
-        await wait_until(lambda: servicer.open_streams == 0)
+        await eventually(lambda: servicer.open_streams == 0)
     warnings = [r for r in caplog.records if "sent no response phases" in r.getMessage()]
     assert len(warnings) == 1
     assert ds.inflight("e0") == (0, 0)

@@ -16,8 +16,9 @@ from epp.extproc.server import start_grpc_servers
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.profile import SchedulerProfile, WeightedScorer
 from epp.scheduling.scheduler import Scheduler
+from tests.eventually import eventually
 from tests.helpers import plugin
-from tests.integration.test_grpc_servicer import BODY, chunks, headers, run_stream, wait_until
+from tests.integration.test_grpc_servicer import BODY, chunks, headers, run_stream
 
 MODES = processing_mode_pb2.ProcessingMode
 
@@ -114,5 +115,5 @@ async def test_a_faulty_plugin_gets_its_request_a_500_and_nothing_else(
     parts[at].fault = None  # the same server routes the next request
     ok = await run_stream(stub, [headers(MODES.FULL_DUPLEX_STREAMED), *chunks(BODY, 1)])
     assert ok[0].HasField("request_headers")
-    await wait_until(lambda: servicer.open_streams == 0)
+    await eventually(lambda: servicer.open_streams == 0)
     assert servicer.open_streams == 0

@@ -16,7 +16,8 @@ from epp.datastore import Datastore, Endpoint
 from epp.director import Director
 from epp.extproc.server import StreamLimits, start_grpc_servers
 from epp.scheduling.registry import Handle
-from tests.integration.test_grpc_servicer import headers, open_stream, wait_until
+from tests.eventually import eventually
+from tests.integration.test_grpc_servicer import headers, open_stream
 
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 
@@ -51,7 +52,7 @@ async def test_a_body_that_never_ends_gets_408_and_its_bytes_are_freed(limited):
     resp = await call.read()  # the only answer: the stream is then ended by the EPP
     assert resp.immediate_response.status.code == 408
     assert json.loads(resp.immediate_response.body)["error"]["code"] == "request_timeout"
-    await wait_until(lambda: servicer.open_streams == 0)
+    await eventually(lambda: servicer.open_streams == 0)
     assert (servicer.open_streams, servicer.budget.held) == (0, 0)
     assert ds.inflight("e0") == (0, 0)
     await queue.put(None)
@@ -62,7 +63,7 @@ async def test_the_budget_spans_streams_and_a_finished_stream_gives_it_back(limi
     q1, c1 = open_stream(stub)
     await q1.put(headers(FULL_DUPLEX))
     await q1.put(chunk(b" " * 9_000))
-    await wait_until(lambda: servicer.budget.held == 9_000)
+    await eventually(lambda: servicer.budget.held == 9_000)
     assert servicer.budget.held == 9_000
     q2, c2 = open_stream(stub)
     await q2.put(headers(FULL_DUPLEX))
@@ -75,6 +76,6 @@ async def test_the_budget_spans_streams_and_a_finished_stream_gives_it_back(limi
     assert first.WhichOneof("response") == "request_headers"
     assert servicer.budget.held == 0
     await q1.put(None)
-    await asyncio.gather(wait_until(lambda: servicer.open_streams == 0))
+    await asyncio.gather(eventually(lambda: servicer.open_streams == 0))
     assert servicer.open_streams == 0
     assert ds.inflight("e0") == (0, 0)

@@ -21,7 +21,8 @@ from epp.datastore import Endpoint
 from epp.extproc.tls import load_cert_dir, self_signed
 from epp.observability import REGISTRY
 from epp.serve import EppServer, ServeOptions
-from tests.integration.test_grpc_servicer import MODES, chunks, headers, open_stream, wait_until
+from tests.eventually import eventually
+from tests.integration.test_grpc_servicer import MODES, chunks, headers, open_stream
 
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 EPP = [sys.executable, "-m", "epp.cli", "serve"]
@@ -159,7 +160,7 @@ async def test_rotated_certificates_serve_new_connections_and_open_streams_carry
             first, second = chunks(body, 2)
             await queue.put(headers(MODES.FULL_DUPLEX_STREAMED))
             await queue.put(first)
-            await wait_until(lambda: server.servicer.open_streams == 1)
+            await eventually(lambda: server.servicer.open_streams == 1)
 
             # Half a rotation: B's certificate beside A's key. Not a pair: A stays.
             rotate(d, b.cert_pem, a.key_pem)

@@ -9,7 +9,7 @@ from aiohttp import web
 from epp.datalayer.loopclock import LoopClock
 from epp.datalayer.scraper import INCONCLUSIVE, MetricsScraper
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
-from tests.unit.test_datalayer_scraper import wait_for
+from tests.eventually import eventually
 
 
 class FakeTime:
@@ -100,9 +100,9 @@ async def test_a_scrape_timing_out_during_a_loop_stall_is_not_a_failure(caplog):
     healthy_after_stall = []
     try:
         async with scraper:
-            await wait_for(lambda: hits >= 3, "the stalling scrape", timeout=10)
+            await eventually(lambda: hits >= 3, "the stalling scrape", timeout=10)
             healthy_after_stall.append(ds.is_healthy("a"))
-            await wait_for(lambda: hits >= 8, "scrapes after the stall", timeout=15)
+            await eventually(lambda: hits >= 8, "scrapes after the stall", timeout=15)
             healthy_after_stall.append(ds.is_healthy("a"))
     finally:
         await clock.stop()

@@ -7,7 +7,7 @@ from aiohttp import web
 
 from epp.datalayer.scraper import MetricsScraper
 from epp.datastore import Datastore, Endpoint
-from tests.unit.test_datalayer_scraper import wait_for
+from tests.eventually import eventually
 from tests.unit.test_loopclock import PAGE
 
 LIMIT = 64 * 1024
@@ -64,8 +64,8 @@ async def test_huge_and_garbage_pages_fail_their_endpoint_only():
     scraper._url = lambda ep, path: f"http://127.0.0.1:{port}/{ep.name}{path}"  # type: ignore[method-assign]
     try:
         async with scraper:
-            await wait_for(lambda: all(ds.last_error(n) for n in names[1:]), "3 failures", 15)
-            await wait_for(lambda: ds.is_healthy("good"), "good endpoint", 15)
+            await eventually(lambda: all(ds.last_error(n) for n in names[1:]), "3 failures", 15)
+            await eventually(lambda: ds.is_healthy("good"), "good endpoint", 15)
     finally:
         await runner.cleanup()
     assert ds.last_error("huge") == f"metrics page of {LIMIT + 1} bytes exceeds {LIMIT}"

@@ -13,7 +13,8 @@ from epp.datalayer.scrape_thread import THREAD_NAME, HandoverSink, ScraperThread
 from epp.datalayer.scraper import DatastoreSink, ScrapeConfig
 from epp.datalayer.selector_scraper import SelectorScraper
 from epp.datastore import Datastore, EndpointMetrics
-from tests.unit.test_datalayer_scraper import ep_for, wait_for
+from tests.eventually import eventually
+from tests.unit.test_datalayer_scraper import ep_for
 
 # the loopback FakeServer fixture of the scraper tests
 pytest_plugins = ["tests.unit.test_datalayer_scraper"]
@@ -50,10 +51,10 @@ async def test_results_are_written_on_the_datastore_loop_only(make_server) -> No
     ds = ThreadCheckingDatastore()
     ds.set_endpoints([ep_for("a", srv)])
     async with ScraperThread(ds, FAST) as st:
-        await wait_for(lambda: ds.is_healthy("a") and ds.models("a") is not None, "scraped")
+        await eventually(lambda: ds.is_healthy("a") and ds.models("a") is not None, "scraped")
         assert ds.metrics("a").waiting_queue_size == 4
         srv.waiting = 9
-        await wait_for(lambda: ds.metrics("a").waiting_queue_size == 9, "the change")
+        await eventually(lambda: ds.metrics("a").waiting_queue_size == 9, "the change")
         assert st.thread is not None and st.thread.name == THREAD_NAME
         assert st.sink is not None and st.sink.applied >= 2
     assert ds.writers == {threading.current_thread().name}
@@ -64,13 +65,13 @@ async def test_failures_and_pool_changes_follow(make_server) -> None:
     ds = Datastore()
     ds.set_endpoints([ep_for("a", a)])
     async with ScraperThread(ds, FAST) as st:
-        await wait_for(lambda: ds.is_healthy("a"), "a healthy")
+        await eventually(lambda: ds.is_healthy("a"), "a healthy")
         ds.set_endpoints([ep_for("b", b)])  # a leaves, b (failing) comes
-        await wait_for(lambda: ds.last_error("b") == "HTTP 500", "b failing")
+        await eventually(lambda: ds.last_error("b") == "HTTP 500", "b failing")
         assert st.failing() == {"b": "HTTP 500"}
         assert not ds.is_healthy("b")
         hits = a.hits
-        await wait_for(lambda: b.hits >= 5, "b scraped again")
+        await eventually(lambda: b.hits >= 5, "b scraped again")
         assert a.hits <= hits + 1  # a is no longer polled (one scrape may be in flight)
 
 
@@ -81,11 +82,11 @@ async def test_stop_joins_the_thread_and_closes_connections(make_server) -> None
     before = len(scraper_threads())
     st = ScraperThread(ds, FAST)
     st.start()
-    await wait_for(lambda: all(ds.is_healthy(f"e{i}") for i in range(3)), "all healthy")
+    await eventually(lambda: all(ds.is_healthy(f"e{i}") for i in range(3)), "all healthy")
     assert len(scraper_threads()) == before + 1
     scraper = st.scraper
     assert isinstance(scraper, SelectorScraper)  # http: the selector loop
-    await wait_for(lambda: scraper.open_connections >= 3, "kept-alive connections")
+    await eventually(lambda: scraper.open_connections >= 3, "kept-alive connections")
     await st.stop()
     assert len(scraper_threads()) == before
     assert not scraper.running
@@ -109,7 +110,7 @@ async def test_a_stalled_request_loop_does_not_make_the_pool_stale(make_server) 
     ds.set_endpoints([ep_for("a", srv)])
     try:
         async with ScraperThread(ds, FAST):
-            await wait_for(lambda: ds.is_healthy("a"), "healthy")
+            await eventually(lambda: ds.is_healthy("a"), "healthy")
             end = time.monotonic() + 2.5
             while time.monotonic() < end:  # CPU-bound on this loop: nothing else runs here
                 sum(range(1000))
@@ -157,6 +158,6 @@ async def test_an_idle_loop_gets_results_from_the_poll():
     sink = HandoverSink(DatastoreSink(ds), asyncio.get_running_loop(), interval=0.01)
     sink.start()
     await asyncio.to_thread(sink.metrics, ep, EndpointMetrics(waiting_queue_size=5))
-    await wait_for(lambda: sink.applied == 1, "the poll")  # no snapshot taken
+    await eventually(lambda: sink.applied == 1, "the poll")  # no snapshot taken
     assert ds.metrics("a").waiting_queue_size == 5
     await sink.close()

@@ -16,7 +16,8 @@ from epp.datalayer.scrape_thread import THREAD_NAME, ScraperThread
 from epp.datalayer.scraper import ScrapeConfig
 from epp.datalayer.selector_scraper import SelectorScraper
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
-from tests.unit.test_datalayer_scraper import FakeServer, ep_for, wait_for
+from tests.eventually import eventually
+from tests.unit.test_datalayer_scraper import FakeServer, ep_for
 
 pytest_plugins = ["tests.unit.test_datalayer_scraper"]  # make_server
 
@@ -108,11 +109,11 @@ async def test_a_hanging_endpoint_times_out_alone(raw, make_server) -> None:
     ds.set_endpoints([ep("hang", port), ep_for("good", good)])
     cfg = ScrapeConfig(interval=0.02, timeout=0.3, models_interval=0)
     async with ScraperThread(ds, cfg):
-        await wait_for(lambda: ds.last_error("hang") == "timeout after 0.3s", "a timeout")
+        await eventually(lambda: ds.last_error("hang") == "timeout after 0.3s", "a timeout")
         scraped = ds.updates.get("good", 0)
-        await wait_for(lambda: accepted >= 2, "a new connection for the next scrape")
+        await eventually(lambda: accepted >= 2, "a new connection for the next scrape")
         # 0.3 s per timed-out scrape; the good one at 0.02 s: several in the meantime
-        await wait_for(lambda: ds.updates.get("good", 0) >= scraped + 5, "good keeps going")
+        await eventually(lambda: ds.updates.get("good", 0) >= scraped + 5, "good keeps going")
         assert ds.is_healthy("good") and not ds.is_healthy("hang")
 
 
@@ -146,8 +147,8 @@ async def test_garbage_huge_and_non_http_pages_fail_with_their_reason(raw) -> No
     cfg = ScrapeConfig(interval=0.05, timeout=2.0, models_interval=0, max_page_bytes=limit)
     async with ScraperThread(ds, cfg):
         bad = [n for n in pages if n != "good"]
-        await wait_for(lambda: all(ds.last_error(n) for n in bad), "4 failures", 15)
-        await wait_for(lambda: ds.is_healthy("good"), "the good endpoint", 15)
+        await eventually(lambda: all(ds.last_error(n) for n in bad), "4 failures", 15)
+        await eventually(lambda: ds.is_healthy("good"), "the good endpoint", 15)
     assert "no vllm metrics" in ds.last_error("garbage")
     assert ds.last_error("huge") == f"metrics page of {limit + 1} bytes exceeds {limit}"
     assert ds.last_error("endless") == f"metrics page exceeds {limit} bytes"  # not a timeout
@@ -182,7 +183,7 @@ async def test_kept_alive_connections_closed_by_the_server_are_not_failures(raw)
     ds = CountingDatastore()
     ds.set_endpoints([ep("close", await raw.start(close)), ep("drop", await raw.start(drop))])
     async with ScraperThread(ds, ScrapeConfig(interval=0.02, timeout=1.0, models_interval=0)):
-        await wait_for(lambda: min(ds.updates.get(n, 0) for n in served) >= 10, "10 scrapes each")
+        await eventually(lambda: min(ds.updates.get(n, 0) for n in served) >= 10, "10 scrapes each")
     assert dropped >= 5  # the retry path ran, not only fresh connections
     assert ds.failures == []
     # one connection per scrape for "close"; for "drop" one per scrape plus each drop
@@ -199,12 +200,12 @@ async def test_a_changing_endpoint_adapts_its_interval(make_server) -> None:
     async with ScraperThread(ds, cfg) as st:
         scraper = st.scraper
         assert isinstance(scraper, SelectorScraper)
-        await wait_for(lambda: scraper.intervals.get("a") == 0.08, "backed off to the max")
+        await eventually(lambda: scraper.intervals.get("a") == 0.08, "backed off to the max")
         # from now on every page differs (the queue is the hit count): back to the minimum,
         # and kept there however late this loop looks
         srv.page = lambda: FakeServer(waiting=srv.hits).page()  # type: ignore[method-assign]
-        await wait_for(lambda: scraper.intervals["a"] == 0.01, "back to the minimum")
-        await wait_for(lambda: ds.metrics("a").waiting_queue_size > 1, "the change applied")
+        await eventually(lambda: scraper.intervals["a"] == 0.01, "back to the minimum")
+        await eventually(lambda: ds.metrics("a").waiting_queue_size > 1, "the change applied")
 
 
 async def test_a_new_endpoint_is_scraped_without_waiting_for_the_idle_interval(
@@ -218,9 +219,9 @@ async def test_a_new_endpoint_is_scraped_without_waiting_for_the_idle_interval(
     cfg = ScrapeConfig(interval=0.01, max_interval=30.0, timeout=0.5, models_interval=0)
     async with ScraperThread(ds, cfg) as st:
         # 0.01 doubling: 5.12 s reached after 5.11 s; the thread then sleeps 5.12 s
-        await wait_for(lambda: st.scraper.intervals.get("a", 0) >= 5.12, "a backed off", 20)
+        await eventually(lambda: st.scraper.intervals.get("a", 0) >= 5.12, "a backed off", 20)
         ds.set_endpoints([ep_for("a", a), ep_for("b", b)])
-        await wait_for(lambda: ds.is_healthy("b"), "b scraped", timeout=4.0)
+        await eventually(lambda: ds.is_healthy("b"), "b scraped", timeout=4.0)
         assert ds.metrics("b").waiting_queue_size == 5
 
 
@@ -234,7 +235,7 @@ async def test_host_names_resolve_off_the_thread_and_stop_leaves_no_thread(
     st = ScraperThread(ds, ScrapeConfig(interval=0.02, timeout=1.0, models_interval=0.05))
     st.start()
     try:
-        await wait_for(lambda: ds.is_healthy("a") and ds.models("a") is not None, "scraped")
+        await eventually(lambda: ds.is_healthy("a") and ds.models("a") is not None, "scraped")
     finally:
         await st.stop()
     assert ds.metrics("a").waiting_queue_size == 3
@@ -247,7 +248,7 @@ async def test_host_names_resolve_off_the_thread_and_stop_leaves_no_thread(
         ]
 
     # the resolver's worker ends once its queue is shut (asynchronously)
-    await wait_for(lambda: not ours(), "no epp-scraper* thread left")
+    await eventually(lambda: not ours(), "no epp-scraper* thread left")
 
 
 async def test_https_endpoints_are_scraped_by_the_asyncio_scraper_in_the_thread(tmp_path) -> None:
@@ -279,7 +280,7 @@ async def test_https_endpoints_are_scraped_by_the_asyncio_scraper_in_the_thread(
         cfg = ScrapeConfig(scheme="https", interval=0.02, timeout=1.0, models_interval=0)
         async with ScraperThread(ds, cfg) as st:
             assert isinstance(st.scraper, MetricsScraper)
-            await wait_for(lambda: ds.is_healthy("a"), "scraped over TLS")
+            await eventually(lambda: ds.is_healthy("a"), "scraped over TLS")
             assert ds.metrics("a").waiting_queue_size == 6
             assert st.thread is not None and st.thread.name == THREAD_NAME
     finally:
@@ -292,5 +293,5 @@ async def test_a_refused_connection_is_a_failure_with_its_reason() -> None:
     ds = CountingDatastore()
     ds.set_endpoints([ep("gone", free_port())])  # nothing listens there
     async with ScraperThread(ds, ScrapeConfig(interval=0.02, timeout=1.0, models_interval=0)):
-        await wait_for(lambda: len(ds.failures) >= 3, "3 failed scrapes")
+        await eventually(lambda: len(ds.failures) >= 3, "3 failed scrapes")
     assert {e for _, e in ds.failures} == {"connection refused"}
