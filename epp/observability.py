@@ -140,6 +140,16 @@ OBSERVER_JOINS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# `--response-path log` (epp/extproc/access_log.py): routed requests by how their
+# response's access-log entry went. joined: measured; expired: no entry within
+# --response-log-timeout (given back by the sweep, unmeasured); foreign: an entry for
+# another replica's route id; unknown: an entry whose request is not (or no longer) held.
+RESPONSE_LOG_ENTRIES = Counter(
+    "epp_response_log_entries",
+    "Access-log entries (--response-path log) by outcome of the join to a routed request.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 REQUEST_ERRORS = Counter(
     "inference_objective_request_error",
     "Requests refused by the EPP, by error code.",

@@ -1,9 +1,10 @@
 """The response path through a real Envoy, `epp serve` and `epp sim`: streams reach the
 client chunk by chunk and unchanged, the EPP's in-flight count lasts exactly as long as
 the response (end, client disconnect, upstream failure), and usage/TTFT are recorded.
-Each test runs with the response in Envoy's path (deploy/envoy/envoy.yaml, `--response-path
-on`) and on the observability-mode filter (envoy-observer.yaml, `--response-path
-observer`): the same observations, the same accounting."""
+Each test runs with the response read by Envoy and reported in its access log
+(deploy/envoy/envoy.yaml, `--response-path log`, the default), in Envoy's path through the
+EPP (`--response-path on`) and on the observability-mode filter (envoy-observer.yaml,
+`--response-path observer`): the same observations, the same accounting."""
 
 import asyncio
 import json
@@ -31,13 +32,18 @@ STREAM = {
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
 
-# in-path: Envoy waits for the EPP to hand every chunk back; observer: it does not.
-PATHS = ["inpath", "observer"]
+# log: Envoy measures and reports each response once; on (in-path): Envoy waits for the
+# EPP to hand every chunk back; observer: Envoy sends every chunk and does not wait.
+PATHS = ["log", "on", "observer"]
+
+
+def local_stack(path: str, **kw) -> LocalStack:
+    return LocalStack(sim_args=SIM_ARGS, response_path=path, observer=path == "observer", **kw)
 
 
 @pytest.fixture(scope="module", params=PATHS)
 def stack(request):
-    with LocalStack(n_sims=1, sim_args=SIM_ARGS, observer=request.param == "observer") as st:
+    with local_stack(request.param, n_sims=1) as st:
         yield st
 
 
@@ -146,7 +152,7 @@ async def test_upstream_error_status_passes_through_and_releases_inflight(stack)
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_upstream_dying_mid_stream_releases_inflight(path):
-    with LocalStack(n_sims=1, sim_args=SIM_ARGS, observer=path == "observer") as st:
+    with local_stack(path, n_sims=1) as st:
         async with (
             aiohttp.ClientSession(timeout=TIMEOUT) as session,
             session.post(st.url + "/v1/completions", json=STREAM) as r,
