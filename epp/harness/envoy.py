@@ -252,12 +252,21 @@ def _logger_per_epp(
             epp_log_cluster(i)
         )
         per_epp.append(one)
-        cluster = copy.deepcopy(ext_proc)
-        cluster["name"] = epp_log_cluster(i)
-        cluster["load_assignment"] = {
-            "cluster_name": epp_log_cluster(i),
-            "endpoints": [{"lb_endpoints": [copy.deepcopy(host)]}],
+        address = copy.deepcopy(host["endpoint"]["address"])
+        cluster = {
+            "name": epp_log_cluster(i),
+            "type": ext_proc["type"],
+            "connect_timeout": ext_proc["connect_timeout"],
+            "typed_extension_protocol_options": copy.deepcopy(
+                ext_proc["typed_extension_protocol_options"]
+            ),
+            "load_assignment": {
+                "cluster_name": epp_log_cluster(i),
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
+            },
         }
+        if "transport_socket" in ext_proc:
+            cluster["transport_socket"] = copy.deepcopy(ext_proc["transport_socket"])
         clusters.append(cluster)
     logs[at : at + 1] = per_epp
 

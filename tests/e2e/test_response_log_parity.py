@@ -74,38 +74,14 @@ def both_paths_config(options: EnvoyOptions, als_port: int) -> dict:
     hcm["access_log"] = [logger]
     meter = copy.deepcopy(_named(shipped["http_filters"], RESPONSE_METER_FILTER, "filter"))
     hcm["http_filters"].insert(len(hcm["http_filters"]) - 1, meter)
-    config["static_resources"]["clusters"].append(
-        {
-            "name": "test_als",
-            "type": "STATIC",
-            "connect_timeout": "5s",
-            "typed_extension_protocol_options": {
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {}},
-                }
-            },
-            "load_assignment": {
-                "cluster_name": "test_als",
-                "endpoints": [
-                    {
-                        "lb_endpoints": [
-                            {
-                                "endpoint": {
-                                    "address": {
-                                        "socket_address": {
-                                            "address": "127.0.0.1",
-                                            "port_value": als_port,
-                                        }
-                                    }
-                                }
-                            }
-                        ]
-                    }
-                ],
-            },
-        }
-    )
+    clusters = config["static_resources"]["clusters"]
+    als = copy.deepcopy(_named(clusters, "ext_proc", "cluster"))  # HTTP/2, like any gRPC
+    als.pop("health_checks")
+    als["name"] = als["load_assignment"]["cluster_name"] = "test_als"
+    [host] = als["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    host["endpoint"].pop("health_check_config")
+    host["endpoint"]["address"]["socket_address"]["port_value"] = als_port
+    clusters.append(als)
     return config
 
 
