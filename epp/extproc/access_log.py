@@ -94,7 +94,9 @@ def read_entry(entry: alpb.HTTPAccessLogEntry) -> LoggedResponse | None:
         return None
     common = entry.common_properties
     start_us = common.start_time.seconds * 1_000_000 + common.start_time.nanos // 1000
-    fields = common.metadata.filter_metadata[METADATA_NAMESPACE].fields
+    namespaces = common.metadata.filter_metadata
+    # (a protobuf map inserts the key it is indexed with: look before reading)
+    fields = namespaces[METADATA_NAMESPACE].fields if METADATA_NAMESPACE in namespaces else {}
     flags = common.response_flags
     # The origin: when the pick reached the Lua filter; else the first byte sent upstream,
     # else the request's last byte received (never sent upstream).
@@ -123,8 +125,8 @@ def read_entry(entry: alpb.HTTPAccessLogEntry) -> LoggedResponse | None:
     return LoggedResponse(
         route_id=route_id,
         status=status,
-        complete=not any(getattr(flags, f) for f in _CUT)
-        and METADATA_NAMESPACE in common.metadata.filter_metadata,
+        # "streamed" is set once the Lua filter has read the response to its end
+        complete=not any(getattr(flags, f) for f in _CUT) and "streamed" in fields,
         streamed=fields["streamed"].bool_value if "streamed" in fields else False,
         first_token_s=at("first_us"),
         last_token_s=at("last_us"),

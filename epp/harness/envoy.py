@@ -230,6 +230,15 @@ def _drop_response_log(listener: dict[str, Any]) -> None:
         hcm.pop("access_log", None)
 
 
+def response_meter_filter(template: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of deploy/envoy/envoy.yaml's Lua filter (for tests and benchmarks that add it
+    to another config)."""
+    listener = _named(
+        (template or load_template())["static_resources"]["listeners"], LISTENER_NAME, "listener"
+    )
+    return copy.deepcopy(_named(_http_filters(listener), RESPONSE_METER_FILTER, "http filter"))
+
+
 def epp_log_cluster(index: int) -> str:
     return f"epp_log_{index}"
 

@@ -28,13 +28,13 @@ from epp.extproc.access_log import logged_meter, read_entry
 from epp.harness.envoy import (
     LISTENER_NAME,
     RESPONSE_LOGGER,
-    RESPONSE_METER_FILTER,
     EnvoyOptions,
     _connection_manager,
     _named,
     astart_envoy,
     load_template,
     render,
+    response_meter_filter,
 )
 from epp.headers import ROUTE_ID
 from tests.e2e.test_response_path import TIMEOUT, metric, wait_inflight_zero
@@ -72,8 +72,7 @@ def both_paths_config(options: EnvoyOptions, als_port: int) -> dict:
     common = logger["typed_config"]["common_config"]
     common["grpc_service"]["envoy_grpc"]["cluster_name"] = "test_als"
     hcm["access_log"] = [logger]
-    meter = copy.deepcopy(_named(shipped["http_filters"], RESPONSE_METER_FILTER, "filter"))
-    hcm["http_filters"].insert(len(hcm["http_filters"]) - 1, meter)
+    hcm["http_filters"].insert(len(hcm["http_filters"]) - 1, response_meter_filter())
     clusters = config["static_resources"]["clusters"]
     als = copy.deepcopy(_named(clusters, "ext_proc", "cluster"))  # HTTP/2, like any gRPC
     als.pop("health_checks")
