@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     cpu: dict[str, Any] = {}
     lat: dict[str, Any] = {}
     loads = []
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):
         print(f"response path {mode}", file=sys.stderr)
         with LocalStack(
             n_sims=2, sim_args=SIM_ARGS, epp_args=EPP_ARGS, response_path=mode
@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
             lat[mode] = latency(stack, args)
             loads.append(os.getloadavg()[0])
         print(f"  latency: {lat[mode]}", file=sys.stderr)
-    write(args, command, cpu, lat, loads)
+    if cpu:
+        write(args, command, cpu, lat, loads)
     if args.envoy_filters:
         write_envoy(args, command, envoy_filter_cost(args))
 

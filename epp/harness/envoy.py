@@ -73,8 +73,10 @@ class EnvoyOptions:
     response_headers: bool = False
     response_body_mode: BodyMode = "NONE"
     # The Lua filter and the gRPC access log of deploy/envoy/envoy.yaml (`--response-path
-    # log`, the default); False drops both. With several EPPs each gets its own logger.
-    response_log: bool = True
+    # log`); False drops both. None (the default): kept unless another response path is
+    # set (the routing filter's response phases, or the observer filter). With several
+    # EPPs each gets its own logger.
+    response_log: bool | None = None
     # None keeps the file's value; tests shorten it so a restarted EPP is seen healthy sooner.
     health_check_interval_s: float | None = None
     # The ext_proc filter's failure_mode_allow (the file ships false; see its header for
@@ -114,7 +116,10 @@ class EnvoyOptions:
                 "observer=True moves the response to the observer filter: also set "
                 "response_headers=False and response_body_mode='NONE' (the routing filter's)"
             )
-        if self.response_log and (self.observer or self.response_body_mode != "NONE"):
+        other_path = self.observer or self.response_headers or self.response_body_mode != "NONE"
+        if self.response_log is None:
+            object.__setattr__(self, "response_log", not other_path)
+        elif self.response_log and other_path:
             raise ValueError(
                 "response_log=True reports the response through the access log; the routing "
                 "filter's response phases and the observer filter are other response paths: "
