@@ -102,6 +102,12 @@ class RouteTable:
             self._unknown.inc()
         return None
 
+    def take_back(self, route_id: str) -> ResponseLeg | None:
+        """The routing stream takes its own leg back (the response came to it after all:
+        `stream.py`); not a join, so not counted."""
+        entry = self._legs.pop(route_id, None)
+        return entry[1] if entry is not None else None
+
     def sweep(self) -> float | None:
         """End every leg older than `join_timeout`; returns when the next one expires
         (on `clock`), None when none is left."""

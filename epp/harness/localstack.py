@@ -110,10 +110,9 @@ def start_epps_behind_envoy(
             epp_health_port=ports[0][1],
             listen_address="127.0.0.1",
             request_body_mode=request_body_mode,
-            **response_path_options(mode),
             epp_tls=tls,
             extra_epps=tuple(ports[1:]),
-            **envoy_options,
+            **(response_path_options(mode) | envoy_options),
         ),
         timeout=60,
     )

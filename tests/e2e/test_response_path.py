@@ -163,3 +163,22 @@ async def test_upstream_dying_mid_stream_releases_inflight(path):
             with pytest.raises(aiohttp.ClientPayloadError):
                 await r.read()
         await wait_inflight_zero(st)
+
+
+async def test_a_request_whose_log_never_comes_is_given_back_after_the_timeout():
+    """Envoy without the access log (a config that lost it, or entries lost with a broken
+    stream): the EPP still gives the request back, after --response-log-timeout, and
+    counts it."""
+    with local_stack(
+        "log", n_sims=1, epp_args=["--response-log-timeout", "2"],
+        envoy_options={"response_log": False},
+    ) as st:  # fmt: skip
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(st.url + "/v1/completions", json={**STREAM, "max_tokens": 4}) as r,
+        ):
+            assert r.status == 200 and b"[DONE]" in await r.read()
+        assert inflight(st) == 1  # the end is not known yet
+        await wait_inflight_zero(st)
+        text = urllib.request.urlopen(st.epp_metrics_url + "/metrics", timeout=5).read().decode()
+        assert 'epp_response_log_entries_total{outcome="expired"} 1.0' in text

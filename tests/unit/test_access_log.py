@@ -19,7 +19,15 @@ from epp.extproc.access_log import (
 from epp.extproc.handoff import RouteTable
 from epp.headers import ROUTE_ID
 from tests.unit.test_observer_stream import route, setup
-from tests.unit.test_stream_response import OUTPUT_TOKENS, PROMPT_TOKENS, USAGE
+from tests.unit.test_stream_response import (
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    USAGE,
+    event,
+    response_body,
+    response_headers,
+    token,
+)
 
 START_US = 1_700_000_000_000_000  # Envoy's start_time of the request, µs since the epoch
 
@@ -145,3 +153,20 @@ def test_the_table_per_mode():
     assert route_table(observer=True, log=False, log_timeout=5).claimant == "observer"
     table = route_table(observer=False, log=True, log_timeout=5)
     assert table.claimant == "log" and table.join_timeout == 5
+
+
+def test_a_response_envoy_sends_to_the_routing_stream_is_measured_there():
+    """An Envoy (or a gateway) that sends the response phases to the routing filter while
+    the EPP runs `--response-path log`: measured in-path, never held until the timeout."""
+    ds, director, observer, clock, _, records = setup()
+    routes = RouteTable(60.0, clock, claimant="log")
+    s, _ = route(director, observer, clock, routes)
+    s.handle(response_headers())
+    assert len(routes) == 0  # taken back from the table
+    clock.now += 0.25
+    s.handle(response_body(token("a"), False))
+    last = token("b") + token("c") + event({"choices": [], "usage": USAGE}) + event(b"[DONE]")
+    s.handle(response_body(last, True))
+    assert ds.inflight("e0") == (0, 0) and records[0].osl == 3
+    AccessLogServicer(routes).take(entry(route_id=f"{routes.nonce}.1"))  # then its entry
+    assert routes.unknown == 1 and len(records) == 1 and routes.claimed == 0
