@@ -570,10 +570,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=RESPONSE_LOG_TIMEOUT,
         metavar="SECONDS",
-        help="--response-path log: give a routed request's in-flight counts back if its "
-        "access-log entry has not come after this long (Envoy restarted, the log stream "
-        'broken); counted in epp_response_log_entries_total{outcome="expired"}. '
-        f"Above the longest response Envoy allows (its route timeout, 3600 s) "
+        help="--response-path log: give a routed request's in-flight counts back when no "
+        "access-log entry for it came for this long (Envoy logs a running request every "
+        "5 s, deploy/envoy/envoy.yaml; none for this long: Envoy restarted or the log "
+        'stream broke); counted in epp_response_log_entries_total{outcome="expired"} '
         f"({RESPONSE_LOG_TIMEOUT:g})",
     )
     p.add_argument(

@@ -20,9 +20,11 @@ What this path cannot do that the in-path one (`--response-path on`) does: give 
 prompt's pending-prefill tokens back at the first token (here they are held until the
 entry arrives), and see a response before it ended.
 
-Never leaking: a leg whose entry never comes (Envoy restarted, the log stream broken, an
-access log filtered away) is ended by the table's sweep after `--response-log-timeout`,
-counted in `epp_response_log_entries_total{outcome="expired"}`.
+Never leaking: Envoy logs a request that is still running again every 5 s (the
+connection manager's `access_log_flush_interval`: an intermediate entry, which restarts
+the leg's timeout), so a leg that hears nothing for `--response-log-timeout` (15 s) has
+lost its entries (Envoy restarted, the log stream broken and the entries with it) and is
+ended by the table's sweep, counted in `epp_response_log_entries_total{outcome="expired"}`.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ from epp.response import ResponseMeter, Usage
 
 log = logging.getLogger("epp.extproc")
 
-# The route's timeout in deploy/envoy/envoy.yaml (the longest a response may last), plus
-# a minute for the entry's flush and delivery.
-RESPONSE_LOG_TIMEOUT = 3660.0
+# Three of Envoy's periodic entries missed (deploy/envoy/envoy.yaml logs a running request
+# every 5 s): the request's entries have stopped coming.
+RESPONSE_LOG_TIMEOUT = 15.0
 
 # The Lua filter's dynamic metadata namespace (deploy/envoy/envoy.yaml).
 METADATA_NAMESPACE = "epp.response"
@@ -186,6 +188,9 @@ class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
             log.exception("reading an access-log entry failed; skipped")
             return
         if resp is None:
+            return
+        if entry.common_properties.intermediate_log_entry:  # still running
+            self.routes.touch(resp.route_id)
             return
         leg = self.routes.claim(resp.route_id)
         if leg is None:

@@ -24,8 +24,10 @@ Each outcome is counted in `epp_response_observer_joins_total{outcome}`.
 
 The access-log response path (`--response-path log`, epp/extproc/access_log.py) parks its
 legs here too (`claimant="log"`): there the claim is the request's access-log entry, which
-comes when the response has ended, so its timeout is the longest a response may last
-(`--response-log-timeout`), and the outcomes go to `epp_response_log_entries_total`.
+comes when the response has ended; Envoy logs a request that is still running again every
+few seconds (an intermediate entry), which `touch`es its leg, so the timeout
+(`--response-log-timeout`) counts from the last sign of life, not from routing. The
+outcomes go to `epp_response_log_entries_total`.
 """
 
 from __future__ import annotations
@@ -101,6 +103,15 @@ class RouteTable:
             self.unknown += 1
             self._unknown.inc()
         return None
+
+    def touch(self, route_id: str) -> bool:
+        """The leg's request is still running (Envoy's periodic access-log entry): its
+        timeout starts again. False when it is not parked here."""
+        entry = self._legs.pop(route_id, None)
+        if entry is None:
+            return False
+        self._legs[route_id] = (self.clock(), entry[1])  # to the end: the sweep's order holds
+        return True
 
     def take_back(self, route_id: str) -> ResponseLeg | None:
         """The routing stream takes its own leg back (the response came to it after all:

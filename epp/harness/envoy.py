@@ -233,6 +233,7 @@ def _drop_response_log(listener: dict[str, Any]) -> None:
         hcm["access_log"] = logs
     else:
         hcm.pop("access_log", None)
+        hcm.pop("access_log_options", None)  # its periodic entries were for that log
 
 
 def response_meter_filter(template: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -38,7 +38,8 @@ PATHS = ["log", "on", "observer"]
 
 
 def local_stack(path: str, **kw) -> LocalStack:
-    return LocalStack(sim_args=SIM_ARGS, response_path=path, observer=path == "observer", **kw)
+    kw.setdefault("sim_args", SIM_ARGS)
+    return LocalStack(response_path=path, observer=path == "observer", **kw)
 
 
 @pytest.fixture(scope="module", params=PATHS)
@@ -182,3 +183,21 @@ async def test_a_request_whose_log_never_comes_is_given_back_after_the_timeout()
         await wait_inflight_zero(st)
         text = urllib.request.urlopen(st.epp_metrics_url + "/metrics", timeout=5).read().decode()
         assert 'epp_response_log_entries_total{outcome="expired"} 1.0' in text
+
+
+async def test_a_response_longer_than_the_timeout_is_kept_alive_by_envoys_periodic_entries():
+    """Envoy logs a running request every 5 s: a 12 s response outlives a 7 s timeout."""
+    with local_stack(
+        "log", n_sims=1, epp_args=["--response-log-timeout", "7"],
+        sim_args=["--decode-ms-per-token", "400", "--prefill-ms-per-token", "0.02"],
+    ) as st:  # fmt: skip
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(st.url + "/v1/completions", json={**STREAM, "max_tokens": 30}) as r,
+        ):
+            assert r.status == 200 and b"[DONE]" in await r.read()
+        await wait_inflight_zero(st)
+        text = urllib.request.urlopen(st.epp_metrics_url + "/metrics", timeout=5).read().decode()
+        assert 'epp_response_log_entries_total{outcome="expired"} 0.0' in text
+        assert 'epp_response_log_entries_total{outcome="joined"} 1.0' in text
+        assert metric(st, "inference_objective_output_tokens_sum") == 30

@@ -170,3 +170,22 @@ def test_a_response_envoy_sends_to_the_routing_stream_is_measured_there():
     assert ds.inflight("e0") == (0, 0) and records[0].osl == 3
     AccessLogServicer(routes).take(entry(route_id=f"{routes.nonce}.1"))  # then its entry
     assert routes.unknown == 1 and len(records) == 1 and routes.claimed == 0
+
+
+def test_a_periodic_entry_keeps_a_long_request_and_only_silence_expires_it():
+    ds, director, observer, clock, _, records = setup()
+    routes = RouteTable(15.0, clock, claimant="log")
+    route(director, observer, clock, routes)
+    servicer = AccessLogServicer(routes)
+    still = entry(route_id=f"{routes.nonce}.1", lua=False)
+    still.common_properties.intermediate_log_entry = True
+    for _ in range(4):  # a 40 s response, logged as running every 10 s
+        clock.now += 10.0
+        servicer.take(still)
+        assert routes.sweep() is not None and ds.inflight("e0")[0] == 1
+    assert routes.claimed == 0 and records == []  # "still running" is not the end
+    servicer.take(entry(route_id=f"{routes.nonce}.1"))
+    assert ds.inflight("e0") == (0, 0) and routes.claimed == 1 and records[0].ok
+    route(director, observer, clock, routes)  # a second one whose entries stop
+    clock.now += 16.0
+    assert routes.sweep() is None and routes.expired == 1 and ds.inflight("e0") == (0, 0)
