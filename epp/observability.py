@@ -158,7 +158,7 @@ REQUEST_ERRORS = Counter(
 )
 
 
-# ---- per-response metrics (need the response path: `epp serve --response-path on`) ----
+# ---- per-response metrics (need a response path: `epp serve --response-path log` or on) ----
 # Buckets from GIE pkg/epp/metrics/metrics.go: durations 5 ms … 1 h, tokens 1 … 1 Mi.
 _DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,

@@ -285,7 +285,8 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             "the response path is on but Envoy sent no response phases: in-flight counts "
             "end at routing and no response is measured. Set the ext_proc processing_mode "
             "response_header_mode SEND, response_body_mode FULL_DUPLEX_STREAMED, "
-            "response_trailer_mode SEND (deploy/envoy/envoy.yaml), or run with "
+            "response_trailer_mode SEND (deploy/envoy/envoy-inpath.yaml), or run with "
+            "--response-path log behind Envoy's access log (deploy/envoy/envoy.yaml), or "
             "--response-path off"
         )
 
