@@ -291,13 +291,15 @@ def write_envoy(args: argparse.Namespace, command: str, cost: dict) -> None:
             "columns": ["Envoy (round-robin, no EPP)", "stream 16 µs/req", "stream 512 µs/req"],
             "rows": rows,
             "notes": (
-                f"The response meter (Lua) costs Envoy about {per_chunk / 496:.0f} µs per "
-                f"response chunk over bare Envoy, of which {loop_chunk / 496:.0f} µs is "
-                "the Lua filter's per-chunk coroutine resume alone (a script that only "
-                "iterates the chunks). The access log without the Lua filter would cost "
-                "Envoy nothing per chunk, but only sees the first and last upstream byte: "
-                "no first-token time (vLLM sends the headers before the first token), no "
-                "usage, no token count."
+                "Envoy's own CPU per streamed request, round-robin over the sims without the "
+                f"EPP. Per response chunk over bare Envoy ({bare['stream 512'] / 512:.0f} µs "
+                f"per chunk itself here): the shipped response meter adds ~{per_chunk / 496:.0f}"
+                f" µs; a Lua script that only iterates the chunks ~{loop_chunk / 496:.0f} µs "
+                "(the coroutine resume). Alternatives weighed: the access log alone (no Lua) "
+                "costs nothing per chunk but sees only the first and last upstream byte: no "
+                "first-token time (vLLM sends its headers before the first token), no usage, "
+                "no token count; in-path costs the EPP ~150 µs per chunk "
+                "(response_path_cpu.json). The load average is in `machine`."
             ),
         },
     )
@@ -363,9 +365,14 @@ def write(args: argparse.Namespace, command: str, cpu: dict, lat: dict, loads: l
     if "log" in lat:
         added = lat["log"]["epp"]["itl_p50"] - lat["log"]["rr"]["itl_p50"]
         lnotes = (
-            f"Added ITL at p50 with the default path: {added:.3f} ms (target <= 0.1 ms); "
-            "TTFT added is the routing hop (ext_proc round trip and the pick). Client-side "
-            "wall times on a shared machine: the load average is in `machine`."
+            f"Added ITL at p50 with the default path: {added:.3f} ms (target <= 0.1 ms): "
+            "no response chunk passes through the EPP, only through Envoy's Lua filter "
+            "(response_path_envoy_filters.json: its CPU per chunk). TTFT added is the "
+            "routing hop (request body to the EPP, the pick, the answer back). In-path "
+            "(`on`) ITL p50 near 0 with a higher p99 means tokens reach the client in "
+            "bursts: each waits for the EPP's round trip and several arrive together. "
+            "Client-side wall times on a shared 2-CPU machine: with the load average in "
+            "`machine` they carry milliseconds of scheduling noise either way."
         )
     write_json(
         args.out / "response_path_latency.json",
