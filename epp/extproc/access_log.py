@@ -17,8 +17,8 @@ instant: TTFT is the Lua filter's first output event minus that; TPOT the first-
 output event span over tokens − 1; the duration ends at the last upstream byte received.
 
 What this path cannot do that the in-path one (`--response-path on`) does: give the
-prompt's pending-prefill tokens back at the first token (here they are held until the
-entry arrives), and see a response before it ended.
+prompt's pending-prefill tokens back at the first token. Here they are given back by the
+first periodic entry (every 5 s) after it, or by the final entry, whichever comes first.
 
 Never leaking: Envoy logs a request that is still running again every 5 s (the
 connection manager's `access_log_flush_interval`: an intermediate entry, which restarts
@@ -190,7 +190,10 @@ class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
         if resp is None:
             return
         if entry.common_properties.intermediate_log_entry:  # still running
-            self.routes.touch(resp.route_id)
+            running = self.routes.touch(resp.route_id)
+            if running is not None and resp.first_token_s is not None:
+                # past its first token: the prompt no longer waits for prefill
+                running.director.first_token(running.decision)
             return
         leg = self.routes.claim(resp.route_id)
         if leg is None:

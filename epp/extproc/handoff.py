@@ -104,14 +104,14 @@ class RouteTable:
             self._unknown.inc()
         return None
 
-    def touch(self, route_id: str) -> bool:
+    def touch(self, route_id: str) -> ResponseLeg | None:
         """The leg's request is still running (Envoy's periodic access-log entry): its
-        timeout starts again. False when it is not parked here."""
+        timeout starts again. Returns the leg, still parked (None: not parked here)."""
         entry = self._legs.pop(route_id, None)
         if entry is None:
-            return False
+            return None
         self._legs[route_id] = (self.clock(), entry[1])  # to the end: the sweep's order holds
-        return True
+        return entry[1]
 
     def take_back(self, route_id: str) -> ResponseLeg | None:
         """The routing stream takes its own leg back (the response came to it after all:

@@ -186,7 +186,8 @@ async def test_a_request_whose_log_never_comes_is_given_back_after_the_timeout()
 
 
 async def test_a_response_longer_than_the_timeout_is_kept_alive_by_envoys_periodic_entries():
-    """Envoy logs a running request every 5 s: a 12 s response outlives a 7 s timeout."""
+    """Envoy logs a running request every 5 s: a 12 s response outlives a 7 s timeout, and
+    the first such entry after its first token gives the prompt's prefill count back."""
     with local_stack(
         "log", n_sims=1, epp_args=["--response-log-timeout", "7"],
         sim_args=["--decode-ms-per-token", "400", "--prefill-ms-per-token", "0.02"],
@@ -195,7 +196,16 @@ async def test_a_response_longer_than_the_timeout_is_kept_alive_by_envoys_period
             aiohttp.ClientSession(timeout=TIMEOUT) as session,
             session.post(st.url + "/v1/completions", json={**STREAM, "max_tokens": 30}) as r,
         ):
-            assert r.status == 200 and b"[DONE]" in await r.read()
+            assert r.status == 200
+            seen = []
+            async for _ in r.content.iter_any():
+                url = st.epp_metrics_url + "/debug/endpoints"
+                [row] = json.loads(urllib.request.urlopen(url, timeout=5).read())
+                seen.append((row["inflight_requests"], row["inflight_prefill_tokens"]))
+        # Before the first periodic entry the prompt still counts; after it, only the
+        # request (the last reads may come after the end).
+        assert seen[0][0] == 1 and seen[0][1] > 0, seen
+        assert any(n == 1 and prefill == 0 for n, prefill in seen), seen
         await wait_inflight_zero(st)
         text = urllib.request.urlopen(st.epp_metrics_url + "/metrics", timeout=5).read().decode()
         assert 'epp_response_log_entries_total{outcome="expired"} 0.0' in text

@@ -184,6 +184,11 @@ def test_a_periodic_entry_keeps_a_long_request_and_only_silence_expires_it():
         servicer.take(still)
         assert routes.sweep() is not None and ds.inflight("e0")[0] == 1
     assert routes.claimed == 0 and records == []  # "still running" is not the end
+    assert ds.inflight("e0") == (1, PROMPT_TOKENS + OUTPUT_TOKENS)  # no first token yet
+    running = entry(route_id=f"{routes.nonce}.1", first_ms=300.0, last_ms=300.0)
+    running.common_properties.intermediate_log_entry = True
+    servicer.take(running)  # past its first token: the prompt leaves pending prefill
+    assert ds.inflight("e0") == (1, OUTPUT_TOKENS) and records == []
     servicer.take(entry(route_id=f"{routes.nonce}.1"))
     assert ds.inflight("e0") == (0, 0) and routes.claimed == 1 and records[0].ok
     route(director, observer, clock, routes)  # a second one whose entries stop
