@@ -322,15 +322,13 @@ def start_minimal(pg: ProcessGroup, destination: str) -> tuple[int, int, int]:
 def envoy_options(
     grpc_port: int, health_port: int, response_path: bool | str = False
 ) -> envoy.EnvoyOptions:
-    """`response_path` True: in Envoy's path; "observer": on the observer filter."""
-    in_path = response_path is True
+    """`response_path` True: in Envoy's path; "observer": on the observer filter; "log":
+    Envoy's Lua filter and access log; False: none."""
     return envoy.EnvoyOptions.loopback(
         grpc_port,
         health_port,
         request_body_mode="FULL_DUPLEX_STREAMED",
-        response_headers=in_path,
-        response_body_mode="FULL_DUPLEX_STREAMED" if in_path else "NONE",
-        observer=response_path == "observer",
+        **envoy.response_path_options(_mode(response_path)),
     )
 
 

@@ -575,7 +575,7 @@ def start_epp(
     envoy, _ = start_epp_behind_envoy(
         pg,
         [*endpoints, *common, *scrape],
-        response_path=args.response_path != "off",
+        response_path=args.response_path,
         observer=args.response_path == "observer",
         n_epps=n_epps,
         per_epp_args=[["--config", str(c)] for c in per_epp_configs or ()],
@@ -749,12 +749,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--response-path",
-        choices=("on", "off", "observer"),
-        default="on",
-        help="the EPP's response path (--response-path of epp serve, and Envoy's response "
-        "phases); off: no TTFT/ITL observations and in-flight counts end at routing; "
-        "observer: on Envoy's observability-mode filter (envoy-observer.yaml); a setup "
-        "named NAME-obs uses it for that setup alone (on)",
+        choices=("log", "on", "off", "observer"),
+        default="log",
+        help="the EPP's response path (--response-path of epp serve, and Envoy's config to "
+        "match): log, the default, Envoy's Lua filter and access log; on: every response "
+        "chunk through the EPP; off: no TTFT/ITL observations and in-flight counts end at "
+        "routing; observer: on Envoy's observability-mode filter (envoy-observer.yaml); a "
+        "setup named NAME-obs uses it for that setup alone (log)",
     )
     p.add_argument("--router", default="/tmp/vr-venv/bin/vllm-router")
     p.set_defaults(trace=None)  # set by a trace scenario (SCENARIOS), not a flag

@@ -140,6 +140,16 @@ OBSERVER_JOINS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# `--response-path log` (epp/extproc/access_log.py): routed requests by how their
+# response's access-log entry went. joined: measured; expired: no entry within
+# --response-log-timeout (given back by the sweep, unmeasured); foreign: an entry for
+# another replica's route id; unknown: an entry whose request is not (or no longer) held.
+RESPONSE_LOG_ENTRIES = Counter(
+    "epp_response_log_entries",
+    "Access-log entries (--response-path log) by outcome of the join to a routed request.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 REQUEST_ERRORS = Counter(
     "inference_objective_request_error",
     "Requests refused by the EPP, by error code.",
@@ -148,7 +158,7 @@ REQUEST_ERRORS = Counter(
 )
 
 
-# ---- per-response metrics (need the response path: `epp serve --response-path on`) ----
+# ---- per-response metrics (need a response path: `epp serve --response-path log` or on) ----
 # Buckets from GIE pkg/epp/metrics/metrics.go: durations 5 ms … 1 h, tokens 1 … 1 Mi.
 _DURATION_BUCKETS = (
     0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10,

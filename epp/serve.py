@@ -39,7 +39,7 @@ from epp.datastore import Datastore
 from epp.director import ColdStart, Director
 from epp.election import cli as election_cli
 from epp.election.base import Elector
-from epp.extproc.handoff import RouteTable
+from epp.extproc.access_log import route_table
 from epp.extproc.server import start_grpc_servers
 from epp.extproc.tls import TlsError
 from epp.flowcontrol.controller import FlowController
@@ -171,7 +171,9 @@ class EppServer:
             observer=self.observer,
             limits=o.limits,
             tls=o.tls,
-            routes=RouteTable() if o.response_observer and self.observer else None,
+            routes=route_table(o.response_observer, o.response_log, o.response_log_timeout)
+            if self.observer
+            else None,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer

@@ -18,6 +18,7 @@ from epp.datalayer.endpoints_file import EndpointsError, load_endpoints_file, pa
 from epp.datalayer.k8s_discovery import load_api_client
 from epp.datastore import Endpoint
 from epp.election import cli as election_cli
+from epp.extproc.access_log import RESPONSE_LOG_TIMEOUT
 from epp.extproc.server import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -164,15 +165,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k8s_cli.add_arguments(p)
     p.add_argument(
         "--response-path",
-        choices=["on", "off", "observer"],
-        default="on",
-        help="measure responses (TTFT, ITL, usage, metrics, PostResponse plugins) and hold "
-        "in-flight counts until each response ends (on, the default; Envoy must send the "
-        "response phases as deploy/envoy/envoy.yaml does). observer: the same, measured on "
-        "Envoy's second ext_proc filter in observability mode, so response chunks do not "
-        "wait for the EPP (deploy/envoy/envoy-observer.yaml; one EPP per Envoy). off: for "
-        "an Envoy that skips them, which saves EPP CPU per response chunk but ends "
-        "in-flight counts at routing",
+        choices=["log", "on", "off", "observer"],
+        default="log",
+        help="how responses are measured (TTFT, TPOT, usage, metrics, PostResponse plugins) "
+        "and in-flight counts held until each ends. log (the default): Envoy's Lua filter "
+        "reads the response and its gRPC access log sends the EPP one entry per finished "
+        "request, so the EPP's cost does not grow with the answer's length "
+        "(deploy/envoy/envoy.yaml). on: every response chunk passes through the EPP "
+        "(one gRPC round trip per chunk; the prompt's prefill counts end at the first "
+        "token). observer: the same measurement on Envoy's observability-mode ext_proc "
+        "filter, off the client's path (deploy/envoy/envoy-observer.yaml; one EPP per "
+        "Envoy). off: nothing measured, in-flight counts end at routing. Envoy's config "
+        "must match the mode",
+    )
+    p.add_argument(
+        "--response-log-timeout",
+        type=float,
+        default=RESPONSE_LOG_TIMEOUT,
+        metavar="SECONDS",
+        help="--response-path log: give a routed request's in-flight counts back when no "
+        "access-log entry for it came for this long (Envoy logs a running request every "
+        "5 s, deploy/envoy/envoy.yaml; none for this long: Envoy restarted or the log "
+        'stream broke); counted in epp_response_log_entries_total{outcome="expired"} '
+        f"({RESPONSE_LOG_TIMEOUT:g})",
     )
     p.add_argument(
         "--planner",
@@ -263,6 +278,8 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         kubernetes=kube,
         response_path=args.response_path != "off",
         response_observer=args.response_path == "observer",
+        response_log=args.response_path == "log",
+        response_log_timeout=args.response_log_timeout,
         planner=planner,
         planner_profile=profile,
         objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),
@@ -303,6 +320,7 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
         "max_prompt_tokens",
         "max_request_headers_kb",
         "drain_timeout",
+        "response_log_timeout",
     )
     for name in positive:
         if getattr(args, name) <= 0:

@@ -13,6 +13,7 @@ from epp.admission import Objectives
 from epp.datalayer.k8s_discovery import KubeSource
 from epp.datastore import Endpoint
 from epp.election import cli as election_cli
+from epp.extproc.access_log import RESPONSE_LOG_TIMEOUT
 from epp.extproc.server import StreamLimits
 from epp.extproc.tls import ServerCert
 
@@ -61,6 +62,11 @@ class ServeOptions:
     # `--response-path observer`: the response comes on Envoy's second, observability-mode
     # ext_proc stream (deploy/envoy/envoy-observer.yaml), off the client's path.
     response_observer: bool = False
+    # `--response-path log` (the default): the response is measured inside Envoy and
+    # reported in its access log (epp/extproc/access_log.py); a request whose entry does
+    # not come within `response_log_timeout` seconds is given back unmeasured.
+    response_log: bool = False
+    response_log_timeout: float = RESPONSE_LOG_TIMEOUT
     # `--planner FILE`: the parsed planner file and its profile (sla/dynamo modes).
     planner: PlannerConfig | None = None
     planner_profile: Profile | None = None

@@ -86,14 +86,30 @@ class ResponseLeg:
         False: the stream ended before the response did (client gone, upstream reset)."""
         if self.done:
             return
-        self.done = True
-        decision, request = self.decision, self.request
         now = self.clock()
         try:
             if self.meter is not None and self.meter.finish(now):
-                self.director.first_token(decision)
+                self.director.first_token(self.decision)
         except Exception:
             self._measurement_failed()
+        self._finish(complete, now)
+
+    def end_logged(
+        self, meter: ResponseMeter, status: int, complete: bool, ended_at: float
+    ) -> None:
+        """Exactly once, from Envoy's access-log entry (epp/extproc/access_log.py): the
+        response as `meter` holds it, measured by Envoy, ended at `ended_at`."""
+        if self.done:
+            return
+        if self.observer is not None:
+            self.meter, self.status = meter, status
+        if meter.first_token_at is not None:
+            self.director.first_token(self.decision)
+        self._finish(complete, ended_at)
+
+    def _finish(self, complete: bool, now: float) -> None:
+        self.done = True
+        decision, request = self.decision, self.request
         self.director.release(decision)
         if self.observer is None or decision.result is None:
             return

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -29,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
+from epp.extproc.access_log import AccessLogServicer
 from epp.extproc.cert_reload import CertReloader
 from epp.extproc.handoff import RouteTable
 from epp.extproc.observer import ObserverStream
@@ -212,7 +214,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self, first: pb.ProcessingRequest, messages: AsyncIterator[pb.ProcessingRequest]
     ) -> None:
         """An observability-mode stream to its end (Envoy ignores any answer)."""
-        if self.routes is None:
+        if self.routes is None or self.routes.claimant != "observer":
             self._warn_once(
                 "observer",
                 "Envoy sends an observability-mode ext_proc stream, but this EPP does not "
@@ -253,12 +255,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         expired = self.routes.expired
         next_at = self.routes.sweep()
         if self.routes.expired > expired:
-            self._warn_once(
-                "expired",
-                f"a routed request's observer stream did not come within "
-                f"{self.routes.join_timeout:g}s; its in-flight counts were given back. Envoy "
-                "needs the observer filter of deploy/envoy/envoy-observer.yaml",
-            )
+            self._warn_once("expired", _EXPIRED_HINT[self.routes.claimant](self.routes))
         if next_at is not None:
             self._arm_sweep(next_at - time.monotonic())
 
@@ -288,9 +285,30 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             "the response path is on but Envoy sent no response phases: in-flight counts "
             "end at routing and no response is measured. Set the ext_proc processing_mode "
             "response_header_mode SEND, response_body_mode FULL_DUPLEX_STREAMED, "
-            "response_trailer_mode SEND (deploy/envoy/envoy.yaml), or run with "
+            "response_trailer_mode SEND (deploy/envoy/envoy-inpath.yaml), or run with "
+            "--response-path log behind Envoy's access log (deploy/envoy/envoy.yaml), or "
             "--response-path off"
         )
+
+
+_EXPIRED_HINT = {
+    "observer": lambda r: (
+        f"a routed request's observer stream did not come within {r.join_timeout:g}s; its "
+        "in-flight counts were given back. Envoy needs the observer filter of "
+        "deploy/envoy/envoy-observer.yaml"
+    ),
+    "log": lambda r: (
+        f"a routed request's access-log entry did not come within {r.join_timeout:g}s "
+        "(--response-log-timeout); its in-flight counts were given back. Envoy needs the "
+        "access log and the Lua filter of deploy/envoy/envoy.yaml"
+        + (
+            f"; {r.foreign} entries named another EPP replica's requests: give each replica "
+            "its own access logger (deploy/envoy/envoy-replicas.yaml)"
+            if r.foreign
+            else ""
+        )
+    ),
+}
 
 
 class HealthReporter:
@@ -349,6 +367,8 @@ async def start_grpc_servers(
     ]
     main = grpc.aio.server(options=options)
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, main)
+    if routes is not None and routes.claimant == "log":
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogServicer(routes), main)
     health_pb2_grpc.add_HealthServicer_to_server(health_reporter.servicer, main)
     if tls is not None:
         if tls.reload_dir is not None:  # new handshakes get the files' current certificate

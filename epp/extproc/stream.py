@@ -138,6 +138,9 @@ class RequestStream:
         # The response's measurement and accounting; None until routed, and for good
         # when parked for the observer stream (`routes`).
         self.leg: ResponseLeg | None = None
+        # `--response-path log`: the parked leg's id, to take it back if Envoy sends the
+        # response on this stream after all.
+        self._route_id = ""
         # (raw body, parse outcome) when handle_async parsed the body in a worker thread
         self._preparsed: tuple[bytes, _Parsed | Exception] | None = None
 
@@ -311,6 +314,11 @@ class RequestStream:
     # ---- response phases --------------------------------------------------
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         self.phase = Phase.RESPONDING
+        if self.leg is None and self._route_id and self.routes is not None:
+            # `--response-path log`, but Envoy sends the response here (an in-path config,
+            # or a gateway that programs its own ext_proc): measure it here, as `on` does,
+            # rather than hold the request until an access-log entry that may never come.
+            self.leg = self.routes.take_back(self._route_id)
         if self.leg is not None:
             self.leg.headers(headers)
         if headers.end_of_stream:
@@ -345,7 +353,10 @@ class RequestStream:
         if self.routes is None:
             self.leg = leg
             return {}
-        return {ROUTE_ID: self.routes.put(leg)}
+        route_id = self.routes.put(leg)
+        if self.routes.claimant == "log":
+            self._route_id = route_id
+        return {ROUTE_ID: route_id}
 
     def _drop_body(self) -> None:
         self._chunks = []

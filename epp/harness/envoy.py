@@ -41,6 +41,9 @@ ENVOY_BIN_ENV = "EPP_ENVOY_BIN"
 
 LISTENER_NAME = "epp_gateway"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+# The access-log response path's two parts (deploy/envoy/envoy.yaml; epp/extproc/access_log.py).
+RESPONSE_METER_FILTER = "epp.response_meter"
+RESPONSE_LOGGER = "envoy.access_loggers.http_grpc"
 EXT_PROC_CLUSTER = "ext_proc"
 UPSTREAM_CLUSTER = "original_destination_cluster"
 
@@ -64,10 +67,16 @@ class EnvoyOptions:
     listen_address: str = "0.0.0.0"
     admin_address: str = "127.0.0.1"
     request_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
-    # The response path, as deploy/envoy/envoy.yaml ships it; `response_path_off()` gives
-    # the options for an EPP run with --response-path off.
-    response_headers: bool = True
-    response_body_mode: BodyMode = "FULL_DUPLEX_STREAMED"
+    # The routing filter's response phases: skipped, as deploy/envoy/envoy.yaml ships it
+    # (the response goes to the EPP through the access log); `response_path_options(mode)`
+    # gives these fields for each `epp serve --response-path` mode.
+    response_headers: bool = False
+    response_body_mode: BodyMode = "NONE"
+    # The Lua filter and the gRPC access log of deploy/envoy/envoy.yaml (`--response-path
+    # log`); False drops both. None (the default): kept unless another response path is
+    # set (the routing filter's response phases, or the observer filter). With several
+    # EPPs each gets its own logger.
+    response_log: bool | None = None
     # None keeps the file's value; tests shorten it so a restarted EPP is seen healthy sooner.
     health_check_interval_s: float | None = None
     # The ext_proc filter's failure_mode_allow (the file ships false; see its header for
@@ -107,6 +116,15 @@ class EnvoyOptions:
                 "observer=True moves the response to the observer filter: also set "
                 "response_headers=False and response_body_mode='NONE' (the routing filter's)"
             )
+        other_path = self.observer or self.response_headers or self.response_body_mode != "NONE"
+        if self.response_log is None:
+            object.__setattr__(self, "response_log", not other_path)
+        elif self.response_log and other_path:
+            raise ValueError(
+                "response_log=True reports the response through the access log; the routing "
+                "filter's response phases and the observer filter are other response paths: "
+                "set response_log=False for them (or use response_path_options(mode))"
+            )
 
     @property
     def processing_mode(self) -> dict[str, str]:
@@ -141,6 +159,23 @@ OBSERVER_FILTER: dict[str, Any] = {
         },
     },
 }
+
+
+ResponsePath = Literal["log", "on", "observer", "off"]
+RESPONSE_PATHS: tuple[str, ...] = ("log", "on", "observer", "off")
+
+
+def response_path_options(mode: str) -> dict[str, Any]:
+    """The `EnvoyOptions` fields for an EPP run with `--response-path mode`."""
+    if mode not in RESPONSE_PATHS:
+        raise ValueError(f"unknown response path {mode!r}; expected one of {RESPONSE_PATHS}")
+    in_path = mode == "on"
+    return {
+        "response_headers": in_path,
+        "response_body_mode": "FULL_DUPLEX_STREAMED" if in_path else "NONE",
+        "response_log": mode == "log",
+        "observer": mode == "observer",
+    }
 
 
 def _trailer_mode(body_mode: str) -> str:
@@ -180,8 +215,75 @@ def render(options: EnvoyOptions, template: dict[str, Any] | None = None) -> dic
         filters.insert(filters.index(routing) + 1, copy.deepcopy(OBSERVER_FILTER))
 
     clusters = config["static_resources"]["clusters"]
-    _point_ext_proc_cluster(_named(clusters, EXT_PROC_CLUSTER, "cluster"), options)
+    ext_proc_cluster = _named(clusters, EXT_PROC_CLUSTER, "cluster")
+    _point_ext_proc_cluster(ext_proc_cluster, options)
+    if not options.response_log:
+        _drop_response_log(listener)
+    elif options.extra_epps:
+        _logger_per_epp(listener, clusters, ext_proc_cluster)
     return config
+
+
+def _drop_response_log(listener: dict[str, Any]) -> None:
+    filters = _http_filters(listener)
+    filters[:] = [f for f in filters if f["name"] != RESPONSE_METER_FILTER]
+    hcm = _connection_manager(listener)
+    logs = [a for a in hcm.get("access_log", []) if a["name"] != RESPONSE_LOGGER]
+    if logs:
+        hcm["access_log"] = logs
+    else:
+        hcm.pop("access_log", None)
+        hcm.pop("access_log_options", None)  # its periodic entries were for that log
+
+
+def response_meter_filter(template: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of deploy/envoy/envoy.yaml's Lua filter (for tests and benchmarks that add it
+    to another config)."""
+    listener = _named(
+        (template or load_template())["static_resources"]["listeners"], LISTENER_NAME, "listener"
+    )
+    return copy.deepcopy(_named(_http_filters(listener), RESPONSE_METER_FILTER, "http filter"))
+
+
+def epp_log_cluster(index: int) -> str:
+    return f"epp_log_{index}"
+
+
+def _logger_per_epp(
+    listener: dict[str, Any], clusters: list[dict[str, Any]], ext_proc: dict[str, Any]
+) -> None:
+    """Several EPPs: an access-log stream reaches one host of its cluster, so each EPP
+    gets its own logger on its own one-host cluster and sees every entry (it keeps those
+    with its own route ids; deploy/envoy/envoy-replicas.yaml)."""
+    hcm = _connection_manager(listener)
+    logs = hcm["access_log"]
+    logger = _named(logs, RESPONSE_LOGGER, "access log")
+    at = logs.index(logger)
+    hosts = ext_proc["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    per_epp = []
+    for i, host in enumerate(hosts):
+        one = copy.deepcopy(logger)
+        one["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = (
+            epp_log_cluster(i)
+        )
+        per_epp.append(one)
+        address = copy.deepcopy(host["endpoint"]["address"])
+        cluster = {
+            "name": epp_log_cluster(i),
+            "type": ext_proc["type"],
+            "connect_timeout": ext_proc["connect_timeout"],
+            "typed_extension_protocol_options": copy.deepcopy(
+                ext_proc["typed_extension_protocol_options"]
+            ),
+            "load_assignment": {
+                "cluster_name": epp_log_cluster(i),
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}],
+            },
+        }
+        if "transport_socket" in ext_proc:
+            cluster["transport_socket"] = copy.deepcopy(ext_proc["transport_socket"])
+        clusters.append(cluster)
+    logs[at : at + 1] = per_epp
 
 
 def render_direct(
@@ -199,12 +301,8 @@ def render_direct(
     listener = _named(config["static_resources"]["listeners"], LISTENER_NAME, "listener")
     filters = _http_filters(listener)
     filters[:] = [f for f in filters if f["name"] not in (EXT_PROC_FILTER, OBSERVER_FILTER["name"])]
-    hcm = next(
-        f["typed_config"]
-        for chain in listener["filter_chains"]
-        for f in chain["filters"]
-        if f["name"] == "envoy.filters.network.http_connection_manager"
-    )
+    _drop_response_log(listener)
+    hcm = _connection_manager(listener)
     for vhost in hcm["route_config"]["virtual_hosts"]:
         for route in vhost["routes"]:
             route["route"]["cluster"] = DIRECT_CLUSTER
@@ -260,12 +358,16 @@ def _named(items: list[dict[str, Any]], name: str, kind: str) -> dict[str, Any]:
     raise KeyError(f"{TEMPLATE_PATH}: no {kind} named {name!r}")
 
 
-def _http_filters(listener: dict[str, Any]) -> list[dict[str, Any]]:
+def _connection_manager(listener: dict[str, Any]) -> dict[str, Any]:
     for chain in listener["filter_chains"]:
         for net_filter in chain["filters"]:
             if net_filter["name"] == "envoy.filters.network.http_connection_manager":
-                return net_filter["typed_config"]["http_filters"]
+                return net_filter["typed_config"]
     raise KeyError(f"{TEMPLATE_PATH}: listener {LISTENER_NAME!r} has no HTTP connection manager")
+
+
+def _http_filters(listener: dict[str, Any]) -> list[dict[str, Any]]:
+    return _connection_manager(listener)["http_filters"]
 
 
 def _point_ext_proc_cluster(cluster: dict[str, Any], options: EnvoyOptions) -> None:

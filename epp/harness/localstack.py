@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from epp.datastore import ROLE_LABEL
-from epp.harness.envoy import EnvoyOptions, RunningEnvoy, render_direct, start_envoy
+from epp.harness.envoy import (
+    EnvoyOptions,
+    RunningEnvoy,
+    render_direct,
+    response_path_options,
+    start_envoy,
+)
 from epp.harness.procs import HttpReady, LogReady, ManagedProcess, ProcessGroup, free_port
 
 EPP_CMD = [sys.executable, "-m", "epp.cli"]
@@ -25,7 +31,7 @@ def start_epp_behind_envoy(
     pg: ProcessGroup,
     epp_args: Sequence[str],
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
-    response_path: bool = True,
+    response_path: bool | str = "log",
     *,
     n_epps: int = 1,
     tls: bool = False,
@@ -34,10 +40,11 @@ def start_epp_behind_envoy(
     **envoy_options: Any,
 ) -> tuple[RunningEnvoy, int]:
     """`epp serve` (with `epp_args`: endpoints, config) and a real Envoy in front of it,
-    on free loopback ports; returns Envoy and the EPP's metrics port. `response_path`
-    False runs both without the response phases (`--response-path off`); `observer`
-    True measures the response on Envoy's observability-mode filter instead
-    (`--response-path observer`, deploy/envoy/envoy-observer.yaml);
+    on free loopback ports; returns Envoy and the EPP's metrics port. `response_path` is
+    an `epp serve --response-path` mode, both sides set for it: "log" (the default:
+    Envoy's Lua filter and access log, deploy/envoy/envoy.yaml), "on" (or True: every
+    response chunk through the EPP), "off" (or False); `observer` True is "observer"
+    (Envoy's observability-mode filter, deploy/envoy/envoy-observer.yaml);
     `envoy_options` are further `EnvoyOptions` fields (e.g. `failure_mode_allow`).
 
     `n_epps` > 1 starts that many EPP replicas (processes `epp`, `epp-1`, ...; each
@@ -67,7 +74,7 @@ def start_epps_behind_envoy(
     pg: ProcessGroup,
     epp_args: Sequence[str],
     request_body_mode: str = "FULL_DUPLEX_STREAMED",
-    response_path: bool = True,
+    response_path: bool | str = "log",
     *,
     n_epps: int = 1,
     tls: bool = False,
@@ -80,8 +87,7 @@ def start_epps_behind_envoy(
         raise ValueError(f"n_epps must be >= 1, got {n_epps}")
     if observer and not response_path:
         raise ValueError("observer=True is a response path: response_path must be True")
-    mode = "observer" if observer else "on" if response_path else "off"
-    in_path = response_path and not observer
+    mode = "observer" if observer else response_mode(response_path)
     ports: list[tuple[int, int]] = []
     metrics: list[int] = []
     for i in range(n_epps):
@@ -104,16 +110,21 @@ def start_epps_behind_envoy(
             epp_health_port=ports[0][1],
             listen_address="127.0.0.1",
             request_body_mode=request_body_mode,
-            response_headers=in_path,
-            response_body_mode="FULL_DUPLEX_STREAMED" if in_path else "NONE",
-            observer=observer,
             epp_tls=tls,
             extra_epps=tuple(ports[1:]),
-            **envoy_options,
+            **(response_path_options(mode) | envoy_options),
         ),
         timeout=60,
     )
     return envoy, metrics
+
+
+def response_mode(response_path: bool | str) -> str:
+    """An `epp serve --response-path` mode from the harness's argument: True is the
+    in-path "on" (what True always meant), False "off", a string itself."""
+    if isinstance(response_path, str):
+        return response_path
+    return "on" if response_path else "off"
 
 
 @dataclass
@@ -159,7 +170,8 @@ class LocalStack:
     per_sim_args: dict[int, Sequence[str]] = field(default_factory=dict)
     epp_args: Sequence[str] = ()
     request_body_mode: str = "FULL_DUPLEX_STREAMED"
-    response_path: bool = True
+    # an `epp serve --response-path` mode ("log", the default; True is "on", False "off")
+    response_path: bool | str = "log"
     # the response on Envoy's observability-mode filter (`--response-path observer`)
     observer: bool = False
     run_dir: Path | None = None

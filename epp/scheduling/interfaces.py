@@ -154,7 +154,8 @@ class Lifecycle(Protocol):
 class PostResponse(Protocol):
     """Called once per routed request when its response ended (or the stream did):
     `response` is what the response path measured (status, TTFT, ITL, usage),
-    `endpoint` the primary pick as routing saw it. Needs `epp serve --response-path on`."""
+    `endpoint` the primary pick as routing saw it. Needs a response path (`epp serve
+    --response-path log`, the default, or on)."""
 
     name: str
     type_name: str

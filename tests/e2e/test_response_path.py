@@ -1,9 +1,10 @@
 """The response path through a real Envoy, `epp serve` and `epp sim`: streams reach the
 client chunk by chunk and unchanged, the EPP's in-flight count lasts exactly as long as
 the response (end, client disconnect, upstream failure), and usage/TTFT are recorded.
-Each test runs with the response in Envoy's path (deploy/envoy/envoy.yaml, `--response-path
-on`) and on the observability-mode filter (envoy-observer.yaml, `--response-path
-observer`): the same observations, the same accounting."""
+Each test runs with the response read by Envoy and reported in its access log
+(deploy/envoy/envoy.yaml, `--response-path log`, the default), in Envoy's path through the
+EPP (`--response-path on`) and on the observability-mode filter (envoy-observer.yaml,
+`--response-path observer`): the same observations, the same accounting."""
 
 import asyncio
 import json
@@ -31,13 +32,19 @@ STREAM = {
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
 
-# in-path: Envoy waits for the EPP to hand every chunk back; observer: it does not.
-PATHS = ["inpath", "observer"]
+# log: Envoy measures and reports each response once; on (in-path): Envoy waits for the
+# EPP to hand every chunk back; observer: Envoy sends every chunk and does not wait.
+PATHS = ["log", "on", "observer"]
+
+
+def local_stack(path: str, **kw) -> LocalStack:
+    kw.setdefault("sim_args", SIM_ARGS)
+    return LocalStack(response_path=path, observer=path == "observer", **kw)
 
 
 @pytest.fixture(scope="module", params=PATHS)
 def stack(request):
-    with LocalStack(n_sims=1, sim_args=SIM_ARGS, observer=request.param == "observer") as st:
+    with local_stack(request.param, n_sims=1) as st:
         yield st
 
 
@@ -146,7 +153,7 @@ async def test_upstream_error_status_passes_through_and_releases_inflight(stack)
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_upstream_dying_mid_stream_releases_inflight(path):
-    with LocalStack(n_sims=1, sim_args=SIM_ARGS, observer=path == "observer") as st:
+    with local_stack(path, n_sims=1) as st:
         async with (
             aiohttp.ClientSession(timeout=TIMEOUT) as session,
             session.post(st.url + "/v1/completions", json=STREAM) as r,
@@ -157,3 +164,50 @@ async def test_upstream_dying_mid_stream_releases_inflight(path):
             with pytest.raises(aiohttp.ClientPayloadError):
                 await r.read()
         await wait_inflight_zero(st)
+
+
+async def test_a_request_whose_log_never_comes_is_given_back_after_the_timeout():
+    """Envoy without the access log (a config that lost it, or entries lost with a broken
+    stream): the EPP still gives the request back, after --response-log-timeout, and
+    counts it."""
+    with local_stack(
+        "log", n_sims=1, epp_args=["--response-log-timeout", "2"],
+        envoy_options={"response_log": False},
+    ) as st:  # fmt: skip
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(st.url + "/v1/completions", json={**STREAM, "max_tokens": 4}) as r,
+        ):
+            assert r.status == 200 and b"[DONE]" in await r.read()
+        assert inflight(st) == 1  # the end is not known yet
+        await wait_inflight_zero(st)
+        text = urllib.request.urlopen(st.epp_metrics_url + "/metrics", timeout=5).read().decode()
+        assert 'epp_response_log_entries_total{outcome="expired"} 1.0' in text
+
+
+async def test_a_response_longer_than_the_timeout_is_kept_alive_by_envoys_periodic_entries():
+    """Envoy logs a running request every 5 s: a 12 s response outlives a 7 s timeout, and
+    the first such entry after its first token gives the prompt's prefill count back."""
+    with local_stack(
+        "log", n_sims=1, epp_args=["--response-log-timeout", "7"],
+        sim_args=["--decode-ms-per-token", "400", "--prefill-ms-per-token", "0.02"],
+    ) as st:  # fmt: skip
+        async with (
+            aiohttp.ClientSession(timeout=TIMEOUT) as session,
+            session.post(st.url + "/v1/completions", json={**STREAM, "max_tokens": 30}) as r,
+        ):
+            assert r.status == 200
+            seen = []
+            async for _ in r.content.iter_any():
+                url = st.epp_metrics_url + "/debug/endpoints"
+                [row] = json.loads(urllib.request.urlopen(url, timeout=5).read())
+                seen.append((row["inflight_requests"], row["inflight_prefill_tokens"]))
+        # Before the first periodic entry the prompt still counts; after it, only the
+        # request (the last reads may come after the end).
+        assert seen[0][0] == 1 and seen[0][1] > 0, seen
+        assert any(n == 1 and prefill == 0 for n, prefill in seen), seen
+        await wait_inflight_zero(st)
+        text = urllib.request.urlopen(st.epp_metrics_url + "/metrics", timeout=5).read().decode()
+        assert 'epp_response_log_entries_total{outcome="expired"} 0.0' in text
+        assert 'epp_response_log_entries_total{outcome="joined"} 1.0' in text
+        assert metric(st, "inference_objective_output_tokens_sum") == 30

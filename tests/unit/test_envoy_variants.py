@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.harness.envoy import EnvoyOptions, render, validate_config
+from epp.harness.envoy import EnvoyOptions, render, response_path_options, validate_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "envoy"
 
@@ -36,10 +36,8 @@ def test_the_shipped_variants_are_fresh():
     [
         ("envoy-tls.yaml", EnvoyOptions(epp_tls=True)),
         ("envoy-replicas.yaml", EnvoyOptions(extra_epps=((9012, 9013),))),
-        (
-            "envoy-observer.yaml",
-            EnvoyOptions(observer=True, response_headers=False, response_body_mode="NONE"),
-        ),
+        ("envoy-observer.yaml", EnvoyOptions(**response_path_options("observer"))),
+        ("envoy-inpath.yaml", EnvoyOptions(**response_path_options("on"))),
         ("envoy.yaml", EnvoyOptions()),
     ],
 )
@@ -48,7 +46,16 @@ def test_each_variant_is_what_the_harness_renders(name, options):
     assert yaml.safe_load((DEPLOY / name).read_text()) == render(options)
 
 
-@pytest.mark.parametrize("name", ["envoy-tls.yaml", "envoy-replicas.yaml", "envoy-observer.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "envoy.yaml",
+        "envoy-tls.yaml",
+        "envoy-replicas.yaml",
+        "envoy-observer.yaml",
+        "envoy-inpath.yaml",
+    ],
+)
 def test_envoy_accepts_each_variant(name):
     validate_config(DEPLOY / name)
 
