@@ -200,10 +200,10 @@ def _block(block: Any, at: str) -> None:
         ref = isinstance(tool, Mapping) and tool.get("type") == "tool_reference"
         if ref and isinstance(tool.get("name"), str):
             return
-        if kind == "tool_addition" and isinstance(tool, Mapping):
-            if tool.get("type") == "tool_definition":
-                _tools([tool.get("definition")], f"{at}.tool.definition")
-                return
+        definition = isinstance(tool, Mapping) and tool.get("type") == "tool_definition"
+        if kind == "tool_addition" and definition:
+            _tools([tool.get("definition")], f"{at}.tool.definition")  # type: ignore[union-attr]
+            return
         allowed = "a tool_reference" + (" or a tool_definition" if kind == "tool_addition" else "")
         raise bad_request(f"{at}.tool must be {allowed}")
 

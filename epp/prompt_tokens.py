@@ -26,9 +26,9 @@ import logging
 
 from prometheus_client import Counter
 
+from epp import anthropic
 from epp.chat_template import ChatTemplate, TemplateRenderError
 from epp.observability import REGISTRY
-from epp import anthropic
 from epp.request import API_CHAT, API_COMPLETIONS, API_MESSAGES, InferenceRequest
 from epp.scheduling.types import CycleState
 from epp.tokenizer import Tokenizer

@@ -81,4 +81,5 @@ def session_key(
 def normalise(value: str) -> str:
     if _PRINTABLE.fullmatch(value):
         return value
-    return "blake2b:" + hashlib.blake2b(value.encode("utf-8", "replace"), digest_size=16).hexdigest()
+    raw = value.encode("utf-8", "replace")
+    return "blake2b:" + hashlib.blake2b(raw, digest_size=16).hexdigest()

@@ -269,6 +269,20 @@ class ResponseBuilder:
         reason = "null" if finish_reason is None else json.dumps(finish_reason)
         return self._chunk % (index, json.dumps(text), reason)
 
+    # The SSE framing `OpenAIRoutes.stream` writes (epp.sim.messages has the same four).
+    def sse_start(self, usage_: dict[str, Any]) -> str:
+        return ""
+
+    def sse_token(self, index: int, text: str, first: bool, finish_reason: str | None) -> str:
+        return f"data: {self.chunk_json(index, text, first, finish_reason)}\n\n"
+
+    def sse_end(self, finish_reason: str, usage_: dict[str, Any], include_usage: bool) -> str:
+        usage_event = f"data: {json.dumps(self.usage_chunk(usage_))}\n\n" if include_usage else ""
+        return usage_event + "data: [DONE]\n\n"
+
+    def sse_error(self, status: int, message: str) -> str:
+        return f"data: {json.dumps(error_body(status, message))}\n\ndata: [DONE]\n\n"
+
     def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
         obj = "text_completion" if self.kind == "completion" else "chat.completion.chunk"
         return {**self._head(obj), "choices": [], "usage": usage_}
