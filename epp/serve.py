@@ -67,6 +67,7 @@ from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
+from epp.session_key import parse_sources
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
@@ -497,6 +498,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"prompts estimated longer get 400 ({defaults.max_prompt_tokens})",
     )
     p.add_argument(
+        "--session-key-sources",
+        default=",".join(defaults.session_sources),
+        help="where a request's session key comes from, first present wins: comma-separated "
+        "header:NAME and body:FIELD[.FIELD] (the agent clients' headers as llm-d-router's "
+        "agent-identity plugin lists them, prompt_cache_key, metadata.user_id, user, "
+        "x-session-token); feeds session-affinity-scorer and is flow control's fairness id "
+        "when the request names none; '' = none",
+    )
+    p.add_argument(
         "--max-request-headers",
         type=int,
         default=headers.max_count,
@@ -723,11 +733,17 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
     try:
+        sources = parse_sources(args.session_key_sources)
+    except ValueError as e:
+        raise ConfigError("", f"--session-key-sources: {e}") from None
+    try:
         return StreamLimits(
             max_body_bytes=args.max_body_bytes,
             max_buffered_bytes=args.max_buffered_bytes,
             body_timeout=args.body_timeout,
-            body=BodyLimits(args.max_json_depth, args.max_messages, args.max_prompt_tokens),
+            body=BodyLimits(
+                args.max_json_depth, args.max_messages, args.max_prompt_tokens, sources
+            ),
             headers=HeaderLimits(args.max_request_headers, args.max_request_headers_kb),
         )
     except ValueError as e:
