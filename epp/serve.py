@@ -67,7 +67,6 @@ from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
-from epp.session_key import parse_sources
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info
 from epp.planner.config import PlannerConfig, check_live, load_planner_file
@@ -80,6 +79,7 @@ from epp.planner.loop import (
 )
 from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle, PluginImportError
+from epp.session_key import parse_sources
 from epp.status.ring import DecisionRing
 from epp.status.routes import add_status_routes
 

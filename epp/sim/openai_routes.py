@@ -95,6 +95,7 @@ class OpenAIRoutes:
                 cache_salt=req.cache_salt,
                 remote_prefill=remote_prefill,
                 remote_decode=remote_decode,
+                mm=req.mm,
             )
             for i, ids in enumerate(req.prompts)
         ]
