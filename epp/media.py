@@ -15,7 +15,7 @@ processor, so it keys an item by what identifies it on the wire:
   (a predicted hit the server does not have).
 
 Each item enters the plain rendering of the prompt (`epp.request.render_chat`) at its
-place as a marker `<|media:DIGEST|>`, so both prefix chains built from that text (or
+place as a marker ` DIGEST<|media|>`, so both prefix chains built from that text (or
 its token ids) diverge at the first differing item and share across identical items.
 """
 
@@ -29,8 +29,10 @@ import xxhash
 
 from epp.errors import bad_request
 
-MARKER_OPEN = "<|media:"
-MARKER_CLOSE = "|>"
+# The digest comes first (after a space, so no tokenizer merges it with the text before
+# it): two items' markers differ from their first token, where the server's blocks differ.
+MARKER_OPEN = " "
+MARKER_CLOSE = "<|media|>"
 # The simulator's placeholder for an item: a marker of the same shape (same token count
 # under the simple tokenizer) whose text is the same for every item, as vLLM's
 # placeholder tokens are; the item's identity goes into the block hash instead.

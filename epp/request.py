@@ -340,7 +340,11 @@ def _read_conversation(req: InferenceRequest, body: dict[str, Any]) -> None:
         chat = req.chat_body = anthropic.to_chat_body(body)
         req.extra_chars = anthropic.document_chars(body)
     media: list[MediaItem] = []
-    req.prompt_text = anthropic.tools_text(chat) + _chat_prompt(chat, media)
+    # A Messages body can convert to no messages at all (only documents, which vLLM's
+    # converter drops): nothing to render then, and no 400 of the EPP's own.
+    empty = req.api == API_MESSAGES and not chat["messages"]
+    rendered = "" if empty else _chat_prompt(chat, media)
+    req.prompt_text = anthropic.tools_text(chat) + rendered
     if media:
         req.media = tuple(media)
         req.media_at = req.prompt_text.find(media[0].marker)
