@@ -428,7 +428,7 @@ def test_messages_errors_come_in_anthropics_shape(path, body, status, fragment):
 
 
 def test_a_messages_request_is_routed_with_its_prompt():
-    director, ds = make_director(models=["m"])
+    director, _ = make_director(models=["m"])
     s = RequestStream(director, 1 << 20)
     s.handle(headers_msg({**BASE_HEADERS, ":path": "/v1/messages"}))
     body = {
