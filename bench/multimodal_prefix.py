@@ -4,9 +4,9 @@ One `epp sim` server (prefix caching on, block size 16, the simple tokenizer) ap
 vLLM's multimodal block-hash rule: a block holding an image's placeholder tokens is keyed
 with ("mm", identifier, offset) (`vllm/v1/core/kv_cache_utils.py`). A sequence of chat
 requests, each a short system prompt, then one of `--images` distinct images (each sent
-twice, shuffled), then the same long question and a short tail, goes to it one at a time. Before each request the
-approximate prefix producer (tokenizer "simple", the sim's block size) predicts the hit on
-that server two ways:
+twice, shuffled), then the same long question and a short tail, goes to it one at a
+time. Before each request the approximate prefix producer (tokenizer "simple", the sim's
+block size) predicts the hit on that server two ways:
 
 - before: the request as the EPP saw it before media entered the prefix identity (the
   image parts dropped from the text, as `epp.request` used to do);
