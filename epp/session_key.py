@@ -23,6 +23,7 @@ memory nor a metric label's length.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -63,19 +64,28 @@ def session_key(
     headers: Mapping[str, str], body: Mapping[str, Any] | None, sources: Sequence[str]
 ) -> str | None:
     """The first source's non-empty value, normalised (see the module doc); None if the
-    request carries none of them."""
-    for source in sources:
-        if source[0] == "h":  # "header:..."
-            value: Any = headers.get(source[7:])
+    request carries none of them. On every request's path: the sources are parsed once."""
+    for header, path in _compiled(tuple(sources)):
+        if header is not None:
+            value: Any = headers.get(header)
         elif body is None:
             continue
         else:
-            value = body
-            for part in source[5:].split("."):
+            value = body.get(path[0])
+            for part in path[1:]:
                 value = value.get(part) if isinstance(value, Mapping) else None
-        if isinstance(value, str) and (value := value.strip()):
+        if value and isinstance(value, str) and (value := value.strip()):
             return normalise(value)
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(sources: tuple[str, ...]) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
+    """(header name, None) or (None, body field path) per source."""
+    return tuple(
+        (s[7:], ()) if s.startswith("header:") else (None, tuple(s[5:].split(".")))
+        for s in sources
+    )
 
 
 def normalise(value: str) -> str:
