@@ -101,10 +101,31 @@ class InferenceRequest:
     # Characters the server reads but the prompt text leaves out (Anthropic documents):
     # counted in the estimate, so --max-prompt-tokens bounds them too.
     extra_chars: int = 0
-    # The client's session, from the first of `BodyLimits.session_sources` it sends.
-    session_key: str | None = None
+    # Where the session key is read from (`BodyLimits.session_sources`); the key itself is
+    # read only when a plugin or flow control asks (`session_key`).
+    session_sources: tuple[str, ...] = ()
+    _session_key: str | None | bool = False  # False: not read yet
     # OpenAI's prompt_cache_key: a prefix-routing hint (plugins/prefix/cache_key_hint.py).
     prompt_cache_key: str | None = None
+
+    @property
+    def session_key(self) -> str | None:
+        """The client's session: the first of `session_sources` the request carries
+        (`epp.session_key`), read on first use: the default config never asks."""
+        key = self._session_key
+        if key is False:
+            key = self._session_key = session_key(self.headers, self.body, self.session_sources)
+        return key  # type: ignore[return-value]
+
+    @session_key.setter
+    def session_key(self, value: str | None) -> None:
+        self._session_key = value
+
+    @property
+    def fairness_key(self) -> str | None:
+        """Flow control's fairness id: the client's `x-gateway-inference-fairness-id`, else
+        the session key (as llm-d falls back to the agent identity)."""
+        return self.fairness_id or self.session_key
 
     @property
     def prompt_tokens_estimate(self) -> int:
@@ -195,9 +216,7 @@ def parse_body(
             req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
     if req.prompt_tokens_estimate > limits.max_prompt_tokens:
         raise prompt_too_long(req.prompt_tokens_estimate, limits.max_prompt_tokens)
-    req.session_key = session_key(req.headers, body, limits.session_sources)
-    if req.fairness_id is None and req.session_key is not None:
-        req.fairness_id = req.session_key  # flow control's fairness (llm-d's agent identity)
+    req.session_sources = limits.session_sources
     return req
 
 
@@ -342,9 +361,9 @@ def _read_conversation(req: InferenceRequest, body: dict[str, Any]) -> None:
     media: list[MediaItem] = []
     # A Messages body can convert to no messages at all (only documents, which vLLM's
     # converter drops): nothing to render then, and no 400 of the EPP's own.
-    empty = req.api == API_MESSAGES and not chat["messages"]
+    empty = chat is not body and not chat["messages"]
     rendered = "" if empty else _chat_prompt(chat, media)
-    req.prompt_text = anthropic.tools_text(chat) + rendered
+    req.prompt_text = anthropic.tools_text(chat) + rendered if "tools" in chat else rendered
     if media:
         req.media = tuple(media)
         req.media_at = req.prompt_text.find(media[0].marker)
@@ -365,7 +384,7 @@ def _chat_prompt(body: dict[str, Any], media: list[MediaItem] | None = None) -> 
         if not isinstance(role, str) or not role:
             raise bad_request(f"{where}.role must be a non-empty string")
         text = _message_text(m.get("content"), where, media)
-        if "tool_calls" in m or "reasoning" in m:
+        if role == "assistant" and ("tool_calls" in m or "reasoning" in m):
             text = _extras(m) + text
         rendered.append({"role": role, "text": text})
     return render_chat(rendered)

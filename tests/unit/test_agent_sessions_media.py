@@ -73,17 +73,17 @@ def test_session_key_is_bounded_and_sources_configurable():
 
 def test_session_key_is_the_default_fairness_id_and_an_explicit_one_wins():
     r = chat({"messages": [{"role": "user", "content": "hi"}], "user": "u1"})
-    assert (r.session_key, r.fairness_id) == ("u1", "u1")
+    assert (r.session_key, r.fairness_key) == ("u1", "u1")
     r = chat(
         {"messages": [{"role": "user", "content": "hi"}], "user": "u1"},
         headers={"x-gateway-inference-fairness-id": "tenant-a"},
     )
-    assert (r.session_key, r.fairness_id) == ("u1", "tenant-a")
+    assert (r.session_key, r.fairness_key) == ("u1", "tenant-a")
     r = chat(
         {"messages": [{"role": "user", "content": "hi"}], "user": "u1"},
         limits=BodyLimits(session_sources=()),
     )
-    assert (r.session_key, r.fairness_id) == (None, None)
+    assert (r.session_key, r.fairness_key) == (None, None)
 
 
 def test_session_scorer_follows_the_session_key_from_any_source():

@@ -206,7 +206,7 @@ def test_prompt_text_carries_system_tools_tool_results_and_media_markers():
     assert '"name": "ls"' in req.prompt_text
     assert "<|system|>\nSYS\n" in req.prompt_text and "RESULT" in req.prompt_text
     assert f"see{marker}" in req.prompt_text and req.media_at == req.prompt_text.index(marker)
-    assert req.session_key == "user-7" and req.fairness_id == "user-7"
+    assert req.session_key == "user-7" and req.fairness_key == "user-7"
     assert req.max_tokens == 16
 
 
