@@ -101,6 +101,7 @@ SETUPS = [
     "epp-load",
     "epp-approx",
     "epp-sticky",
+    "epp-agent",
     "epp-precise",
     "epp-rr",
     "epp-random",
@@ -114,6 +115,7 @@ LABELS = {
     "epp-load": "(c) EPP load (queue+kv)",
     "epp-approx": "(d) EPP weighted blend (prefix-weighted)",
     "epp-sticky": "(g) EPP sticky until saturated (prefix-aware)",
+    "epp-agent": "(g') EPP sticky, prefix matched over 64K tokens (agent.yaml)",
     "epp-precise": "(e) EPP precise prefix",
     "epp-rr": "(h) EPP round-robin picker (the hop alone)",
     "epp-random": "(h) EPP random picker",
@@ -124,6 +126,7 @@ LABELS = {
 CONFIGS = {
     "epp-approx": "prefix-weighted.yaml",
     "epp-sticky": "prefix-aware.yaml",
+    "epp-agent": "agent.yaml",
     "epp-rr": "epp-rr.yaml",
 }
 OBSERVER_SUFFIX = "-obs"  # epp-sticky-obs: epp-sticky with --response-path observer
