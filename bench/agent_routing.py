@@ -113,7 +113,8 @@ def main() -> None:
                 "(maxPrefixBlocksToMatch 256, GIE's default), so a session's server looks as "
                 "cold as any other for the rest of a 20-60k-token context and the affinity "
                 "gate lets sessions move under load; config/agent.yaml (the same, matched "
-                f"over 64K tokens: epp-agent) {met('epp-agent')}. Reduced from the issue's run: virtual time instead of Envoy + processes, "
+                f"over 64K tokens: epp-agent) {met('epp-agent')}. Reduced from the issue's run: "
+                "virtual time instead of Envoy + processes, "
                 "tens of sessions instead of a few hundred, no vllm-router (needs its binary "
                 "and real time), no real-vLLM run."
             ),
