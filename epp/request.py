@@ -104,7 +104,7 @@ class InferenceRequest:
     # Where the session key is read from (`BodyLimits.session_sources`); the key itself is
     # read only when a plugin or flow control asks (`session_key`).
     session_sources: tuple[str, ...] = ()
-    _session_key: str | None | bool = False  # False: not read yet
+    _session_key: str | bool | None = False  # False: not read yet
     # OpenAI's prompt_cache_key: a prefix-routing hint (plugins/prefix/cache_key_hint.py).
     prompt_cache_key: str | None = None
 
