@@ -83,8 +83,7 @@ def session_key(
 def _compiled(sources: tuple[str, ...]) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
     """(header name, None) or (None, body field path) per source."""
     return tuple(
-        (s[7:], ()) if s.startswith("header:") else (None, tuple(s[5:].split(".")))
-        for s in sources
+        (s[7:], ()) if s.startswith("header:") else (None, tuple(s[5:].split("."))) for s in sources
     )
 
 
