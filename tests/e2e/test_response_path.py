@@ -154,6 +154,19 @@ async def test_messages_api_is_measured_like_any_request(stack, streamed):
     assert metric(stack, "inference_objective_output_tokens_sum") == out_before + 12
 
 
+async def test_messages_count_tokens_passes_through(stack):
+    body = {k: v for k, v in MESSAGES.items() if k != "max_tokens"}
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+        session.post(stack.url + "/v1/messages/count_tokens", json=body) as r,
+        session.post(stack.url + "/v1/messages", json=MESSAGES) as full,
+    ):
+        assert r.status == 200 and full.status == 200
+        counted = (await r.json())["input_tokens"]
+        usage = (await full.json())["usage"]
+    assert counted == usage["input_tokens"] + usage["cache_read_input_tokens"] > 0
+
+
 async def test_a_malformed_messages_body_gets_anthropics_error_shape(stack):
     async with (
         aiohttp.ClientSession(timeout=TIMEOUT) as session,
