@@ -82,7 +82,8 @@ def validate(body: Mapping[str, Any]) -> None:
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
             raise bad_request(f"{where} must be an object with 'role' and 'content'")
-        role = _ROLE_ALIASES.get(m.get("role"), m.get("role"))  # type: ignore[arg-type]
+        role = m.get("role")
+        role = _ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in _ROLES:
             raise bad_request(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}")
         if "content" not in m:

@@ -77,6 +77,8 @@ def chat_part_media(part: Mapping[str, Any], where: str) -> MediaItem | None:
     EPP does not know (passed through untouched). A media part without its payload is
     a 400 naming the field: the server would refuse it too."""
     kind = part.get("type")
+    if not isinstance(kind, str):
+        return None
     if kind in _URL_PARTS:
         value = part.get(kind)
         url = value.get("url") if isinstance(value, Mapping) else value

@@ -231,4 +231,5 @@ def _error_status(error: object) -> int:
     code = error.get("code")
     if isinstance(code, int) and 400 <= code <= 599:
         return code
-    return _ANTHROPIC_STATUS.get(error.get("type"), 500)  # type: ignore[arg-type]
+    kind = error.get("type")
+    return _ANTHROPIC_STATUS.get(kind, 500) if isinstance(kind, str) else 500

@@ -352,3 +352,107 @@ def test_the_limits_of_the_other_apis_apply():
         deep = {"a": deep}
     refused({"messages": [user], "metadata": deep}, "--max-json-depth", limits)
     messages({"system": "x" * 100, "messages": [user] * 3}, limits)  # within every limit
+
+
+ODD = [None, 0, -1, 1.5, True, "", "x", [], {}, [1], [{}], {"type": "text"}, {"type": 3}]
+
+
+def _paths(value, path=()):
+    yield path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _paths(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _paths(v, (*path, i))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    out = json.loads(json.dumps(value))
+    node = out
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = new
+    return out
+
+
+def test_any_field_replaced_by_any_odd_value_is_parsed_or_refused_with_a_400():
+    """Bad input never crashes: every field of a body that uses every block type, replaced
+    in turn by each odd value, parses or gets a 400 naming a field (never another error)."""
+    tools = [{"name": "ls", "input_schema": {"type": "object"}}]
+    valid = {
+        "model": "m",
+        "max_tokens": 8,
+        "system": [{"type": "text", "text": "S"}],
+        "tools": tools,
+        "tool_choice": {"type": "tool", "name": "ls"},
+        "metadata": {"user_id": "u"},
+        "thinking": {"type": "disabled"},
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q"}, IMG, URL_IMG]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "t", "signature": "s"},
+                    {"type": "tool_use", "id": "a", "name": "ls", "input": {"p": 1}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "a", "content": [IMG]},
+                    {"type": "document", "source": {"type": "text", "data": "d"}},
+                ],
+            },
+            {
+                "role": "system",
+                "content": [
+                    {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "ls"}}
+                ],
+            },
+        ],
+    }
+    messages(valid)
+    checked = 0
+    for path in list(_paths(valid)):
+        if path == ():
+            continue
+        for odd in ODD:
+            body = _replaced(valid, path, odd)
+            req = new_request({}, "/v1/messages", "POST")
+            try:
+                parse_body(req, json.dumps(body).encode())
+            except EppError as e:
+                assert e.status == 400, (path, odd, e)
+            checked += 1
+    assert checked > 500
+
+
+def test_a_chat_body_with_media_parts_is_parsed_or_refused_with_a_400():
+    valid = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "q"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+                    {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
+                    {"type": "video_url", "video_url": {"url": "https://x/v.mp4"}},
+                ],
+            },
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}], "reasoning": "r"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+    }
+    chat_req = new_request({}, "/v1/chat/completions", "POST")
+    assert len(parse_body(chat_req, json.dumps(valid).encode()).media) == 3
+    for path in list(_paths(valid)):
+        for odd in ODD if path else []:
+            req = new_request({}, "/v1/chat/completions", "POST")
+            try:
+                parse_body(req, json.dumps(_replaced(valid, path, odd)).encode())
+            except EppError as e:
+                assert e.status == 400, (path, odd, e)

@@ -183,6 +183,10 @@ def test_messages_body_usage_and_errors():
     m.feed(err, 1.0)
     m.finish(2.0)
     assert m.error_status == 429
+    m = ResponseMeter(streamed=False)
+    m.feed(b'{"type":"error","error":{"type":["odd"],"message":"x"}}', 1.0)
+    m.finish(2.0)
+    assert m.error_status == 500  # an unknown error type is a 500, never a crash
     m = ResponseMeter(streamed=True)
     m.feed(
         b'event: error\ndata: {"type":"error","error":{"type":"internal_error","message":"x"}}\n\n',
