@@ -132,4 +132,5 @@ def _jinja_renderer(path: Path) -> Renderer:
         except TemplateRenderError as e:
             raise ChatError(f"chat template: {e}") from None
 
+    render.template = template  # type: ignore[attr-defined]  # read by epp.sim.messages
     return render

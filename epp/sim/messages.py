@@ -128,9 +128,13 @@ class MessagesRoutes:
         """The chat request vLLM converts a Messages body to (400 in Anthropic's shape)."""
         if not isinstance(body, dict):
             raise ApiError(400, "request body must be a JSON object")
+        # vLLM merges inline system messages when the template refuses them after the
+        # first (the plain rendering accepts them anywhere).
+        template = getattr(self.openai.server.render, "template", None)
+        merge = template is not None and template.merges_inline_system
         try:
             anthropic.validate(body)
-            chat = anthropic.to_chat_body(body)
+            chat = anthropic.to_chat_body(body, merge_inline_system=merge)
         except EppError as e:
             raise ApiError(e.status, e.message) from None
         return chat
