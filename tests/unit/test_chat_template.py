@@ -240,3 +240,25 @@ def test_reasoning_effort_turns_thinking_on_unless_the_kwargs_say_otherwise():
         t.render({"messages": msgs, "reasoning_effort": "high", "chat_template_kwargs": kwargs})
         == "F"
     )
+
+
+def test_the_two_probes_vllms_messages_route_makes():
+    """vLLM's Messages route probes the template: does it refuse a system message after
+    the first (then inline system messages are merged), and does it render reasoning
+    effort "none" differently from every effort (else thinking disabled becomes "low")."""
+    from epp.chat_template import ChatTemplate
+
+    strict = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('system first') }}{% endif %}{{ m.content }}{% endfor %}",
+        {},
+    )
+    lenient = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", {})
+    assert strict.merges_inline_system and not lenient.merges_inline_system
+    thinking = ChatTemplate(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}",
+        {},
+    )
+    assert thinking.disabled_thinking_effort == "none"
+    assert lenient.disabled_thinking_effort == "low"  # renders "none" like any effort
