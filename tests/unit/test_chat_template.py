@@ -262,3 +262,45 @@ def test_the_two_probes_vllms_messages_route_makes():
     )
     assert thinking.disabled_thinking_effort == "none"
     assert lenient.disabled_thinking_effort == "low"  # renders "none" like any effort
+
+
+def test_a_messages_request_is_rendered_with_the_templates_probe_answers():
+    import json as _json
+
+    from epp.chat_template import ChatTemplate
+    from epp.prompt_tokens import encode_request
+    from epp.request import new_request, parse_body
+
+    class Tok:
+        name = "chars"
+
+        def __init__(self, source: str) -> None:
+            self.chat_template = ChatTemplate(source, {})
+            self.texts: list[str] = []
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            self.texts.append(text)
+            return [ord(c) for c in text]
+
+    source = (
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('system first') }}{% endif %}[{{ m.role }}]{{ m.content }}"
+        "{% endfor %}{% if reasoning_effort is defined %}<{{ reasoning_effort }}>{% endif %}"
+    )
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "system": "S.",
+        "thinking": {"type": "disabled"},
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": "R."},
+            {"role": "user", "content": "q2"},
+        ],
+    }
+    req = parse_body(new_request({}, "/v1/messages", "POST"), _json.dumps(body).encode())
+    tok = Tok(source)
+    encode_request(req, tok)
+    # merged (the template refuses a second system message); effort "none" is rendered
+    # differently from the others here, so thinking disabled stays "none"
+    assert tok.texts == ["[system]S.R.[user]q[user]q2<none>"]
