@@ -21,6 +21,7 @@ from epp.errors import bad_request
 from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
 from epp.limits import BodyLimits, prompt_too_long
 from epp.media import MediaItem, chat_part_media
+from epp.session_key import DEFAULT_SOURCES as DEFAULT_SESSION_SOURCES
 from epp.session_key import session_key
 
 DEFAULT_BODY_LIMITS = BodyLimits()
@@ -103,7 +104,7 @@ class InferenceRequest:
     extra_chars: int = 0
     # Where the session key is read from (`BodyLimits.session_sources`); the key itself is
     # read only when a plugin or flow control asks (`session_key`).
-    session_sources: tuple[str, ...] = ()
+    session_sources: tuple[str, ...] = DEFAULT_SESSION_SOURCES
     _session_key: str | bool | None = False  # False: not read yet
     # OpenAI's prompt_cache_key: a prefix-routing hint (plugins/prefix/cache_key_hint.py).
     prompt_cache_key: str | None = None
