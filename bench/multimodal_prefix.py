@@ -2,14 +2,16 @@
 
 One `epp sim` server (prefix caching on, block size 16, the simple tokenizer) applies
 vLLM's multimodal block-hash rule: a block holding an image's placeholder tokens is keyed
-with ("mm", identifier, offset) (`vllm/v1/core/kv_cache_utils.py`). A sequence of chat
+with ("mm", identifier, offset) (`vllm/v1/core/kv_cache_utils.py`). A sequence of
 requests, each a short system prompt, then one of `--images` distinct images (each sent
-twice, shuffled), then the same long question and a short tail, goes to it one at a
-time. Before each request the approximate prefix producer (tokenizer "simple", the sim's
-block size) predicts the hit on that server two ways:
+twice, shuffled), then the same long question and a short tail, goes to it one at a time,
+every other one over Anthropic's Messages API (an `image` block; vLLM converts it to the
+same chat prompt). Before each request the approximate prefix producer (tokenizer
+"simple", the sim's block size) predicts the hit on that server two ways:
 
-- before: the request as the EPP saw it before media entered the prefix identity (the
-  image parts dropped from the text, as `epp.request` used to do);
+- before: the request as the EPP saw it before this change: a chat request with its
+  image parts dropped from the text (as `epp.request` used to do), a Messages request
+  not parsed at all (no prompt: no prediction);
 - after: the request as it is (`epp.media`: each image's digest at its place).
 
 The server's `usage.prompt_tokens_details.cached_tokens` is the actual hit. Over-predicted
@@ -74,6 +76,25 @@ def body(i: int, tail: str) -> dict:
     }
 
 
+def as_messages(b: dict) -> dict:
+    """The same request over Anthropic's Messages API (a base64 image block)."""
+    system, user = b["messages"]
+    blocks = []
+    for part in user["content"]:
+        if part["type"] == "text":
+            blocks.append(part)
+        else:
+            media, _, data = part["image_url"]["url"][5:].partition(";base64,")
+            source = {"type": "base64", "media_type": media, "data": data}
+            blocks.append({"type": "image", "source": source})
+    return {
+        "model": b["model"],
+        "max_tokens": b["max_tokens"],
+        "system": system["content"],
+        "messages": [{"role": "user", "content": blocks}],
+    }
+
+
 def without_media(b: dict) -> dict:
     """The body as the EPP's text rendering saw it before media items entered it."""
     out = json.loads(json.dumps(b))
@@ -90,8 +111,8 @@ class Predictor:
         params = ApproxPrefixParams(block_size_tokens=BLOCK, tokenizer="simple", auto_tune=False)
         self.producer = ApproxPrefixCacheProducer("approx", params, handle)
 
-    def predict_and_record(self, b: dict) -> int:
-        req = parse_body(new_request({}, "/v1/chat/completions", "POST"), json.dumps(b).encode())
+    def predict_and_record(self, b: dict, path: str) -> int:
+        req = parse_body(new_request({}, path, "POST"), json.dumps(b).encode())
         state = CycleState()
         info = self.producer.produce(state, req, [self.snap])
         state.write(PREFIX_MATCH_KEY, info)
@@ -119,13 +140,23 @@ async def run(images: int, seed: int) -> dict:
         async with aiohttp.ClientSession() as http:
             for n, i in enumerate(order):
                 b = body(i, rng.choice(tails))
-                p_before = before.predict_and_record(without_media(b))
-                p_after = after.predict_and_record(b)
-                async with http.post(f"{url}/v1/chat/completions", json=b) as r:
+                path = "/v1/chat/completions"
+                if n % 2:  # every other request over the Messages API
+                    b, path = as_messages(b), "/v1/messages"
+                # before: chat had its images dropped; /v1/messages was not parsed at all
+                # (no prompt, no prefix: placed on load alone)
+                p_before = 0 if n % 2 else before.predict_and_record(without_media(b), path)
+                p_after = after.predict_and_record(b, path)
+                async with http.post(url + path, json=b) as r:
                     assert r.status == 200, await r.text()
                     usage = (await r.json())["usage"]
-                actual = usage["prompt_tokens_details"]["cached_tokens"]
-                rows.append((n, i, usage["prompt_tokens"], actual, p_before, p_after))
+                if path == "/v1/messages":  # Anthropic's: input net of cache reads
+                    actual = usage["cache_read_input_tokens"]
+                    prompt = usage["input_tokens"] + actual
+                else:
+                    actual = usage["prompt_tokens_details"]["cached_tokens"]
+                    prompt = usage["prompt_tokens"]
+                rows.append((n, i, prompt, actual, p_before, p_after))
     return {"rows": rows}
 
 
@@ -171,11 +202,13 @@ def main() -> None:
             "columns": cols,
             "rows": rows,
             "notes": (
-                f"{s['requests']} chat requests ({args.images} images, each sent twice, "
-                "shuffled) sharing a long system prompt, to one `epp sim` that keys image "
+                f"{s['requests']} requests, half chat and half Messages ({args.images} images, "
+                "each sent twice, shuffled), sharing a long question, to one `epp sim` "
+                "that keys image "
                 'blocks as vLLM does (`("mm", identifier, offset)` extra keys). Before: the '
-                "EPP dropped image parts from the text it hashes, so every request after the "
-                "first predicted a hit through the image and beyond. After: each image's "
+                "EPP dropped image parts from the text it hashes, so chat requests predicted "
+                "a hit through the image and beyond, and it did not parse /v1/messages "
+                "(no prediction at all). After: each image's "
                 "digest enters the chain at its place, so the prediction stops where the "
                 "server's hit stops, and identical images share. Target (predicted = actual): "
                 + ("met." if s["after"]["over"] == 0 and s["after"]["under"] == 0 else "missed.")
