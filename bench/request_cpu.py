@@ -66,10 +66,55 @@ BODY = json.dumps(
 ).encode()
 
 
-def messages(extra: dict[str, str] | None = None, body: bytes = BODY) -> list[bytes]:
+_SYSTEM = (
+    "You are a helpful assistant. Summarise the following support ticket in one short sentence."
+)
+_TICKET = (
+    "The customer reports that the mobile app logs them out every few minutes since the "
+    "last update, on both Wi-Fi and cellular."
+)
+# The same conversation as a chat request and as an Anthropic Messages request (`--api`):
+# what a Messages request costs the request path beside a chat request of the same size.
+API_BODIES = {
+    "completions": ("/v1/completions", BODY),
+    "chat": (
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                "model": "tiny",
+                "messages": [
+                    {"role": "system", "content": _SYSTEM},
+                    {"role": "user", "content": _TICKET},
+                ],
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "user": "b",
+            }
+        ).encode(),
+    ),
+    "messages": (
+        "/v1/messages",
+        json.dumps(
+            {
+                "model": "tiny",
+                "system": _SYSTEM,
+                "messages": [{"role": "user", "content": _TICKET}],
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "metadata": {"user_id": "b"},
+            }
+        ).encode(),
+    ),
+}
+API = "completions"  # set by --api
+
+
+def messages(extra: dict[str, str] | None = None, body: bytes | None = None) -> list[bytes]:
     """Request headers and the whole body, serialized as Envoy sends them (FULL_DUPLEX_STREAMED)."""
+    path, default_body = API_BODIES[API]
+    body = default_body if body is None else body
     headers = {
-        ":path": "/v1/completions",
+        ":path": path,
         ":method": "POST",
         ":authority": "127.0.0.1:10000",
         ":scheme": "http",
@@ -212,7 +257,7 @@ def instructions(checkout: Path | None, args: argparse.Namespace) -> float:
             f"--callgrind-out-file={out}", sys.executable, str(Path(__file__).resolve()),
             "--_callgrind-child", "--endpoints", str(args.endpoints),
             "--requests", str(args.requests), *(["--servicer"] if args.servicer else []),
-            *(["--spread"] if args.spread else []),
+            *(["--spread"] if args.spread else []), "--api", args.api,
         ]  # fmt: skip
         subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True)
         [dump] = [p for p in Path(tmp).iterdir() if p.name != out.name]  # the -d dump
@@ -253,6 +298,7 @@ def child(checkout: Path | None, args: argparse.Namespace) -> float:
         sys.executable, str(Path(__file__).resolve()), "--json", "--endpoints",
         str(args.endpoints), "--requests", str(args.requests), "--batches", str(args.batches),
         *(["--servicer"] if args.servicer else []), *(["--spread"] if args.spread else []),
+        "--api", args.api,
     ]  # fmt: skip
     out = subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["cpu_us_per_request"]
@@ -280,7 +326,15 @@ def main() -> None:
     ap.add_argument(
         "--header", action="append", default=[], help="NAME:VALUE added to every request"
     )
+    ap.add_argument(
+        "--api",
+        choices=sorted(API_BODIES),
+        default="completions",
+        help="the request's API: a completion, or one conversation as chat or as Messages",
+    )
     args = ap.parse_args()
+    global API
+    API = args.api
     extra = {}
     for h in args.header:
         name, sep, value = h.partition(":")

@@ -104,6 +104,7 @@ SETUPS = [
     "epp-load",
     "epp-approx",
     "epp-sticky",
+    "epp-agent",
     "epp-precise",
     "epp-rr",
     "epp-random",
@@ -117,6 +118,7 @@ LABELS = {
     "epp-load": "(c) EPP load (queue+kv)",
     "epp-approx": "(d) EPP weighted blend (prefix-weighted)",
     "epp-sticky": "(g) EPP sticky until saturated (prefix-aware)",
+    "epp-agent": "(g') EPP sticky, prefix matched over 64K tokens (agent.yaml)",
     "epp-precise": "(e) EPP precise prefix",
     "epp-rr": "(h) EPP round-robin picker (the hop alone)",
     "epp-random": "(h) EPP random picker",
@@ -127,6 +129,7 @@ LABELS = {
 CONFIGS = {
     "epp-approx": "prefix-weighted.yaml",
     "epp-sticky": "prefix-aware.yaml",
+    "epp-agent": "agent.yaml",
     "epp-rr": "epp-rr.yaml",
 }
 OBSERVER_SUFFIX = "-obs"  # epp-sticky-obs: epp-sticky with --response-path observer
@@ -166,6 +169,16 @@ SCENARIOS: dict[str, dict[str, object]] = {
     "kv-pressure": dict(groups=96, questions=5, system_tokens=2000, question_tokens=200),
     # Sessions: each turn resends the whole conversation so far plus a new question.
     "multi-turn": dict(groups=64, turns=8, system_tokens=500, question_tokens=150),
+    # Coding-agent sessions of 10-40 turns, each appending a 200-2,000-token tool result
+    # (contexts grow to 10-60k tokens), half over /v1/messages (bench/routing_agent.py).
+    "agent": dict(
+        agent=True,
+        groups=24,
+        system_tokens=2000,
+        output_tokens=50,
+        kv_tokens=262144,
+        time_scale=0.05,
+    ),
     # KV pressure from a real trace: Mooncake's last requests replayed (bench/routing_trace.py),
     # 32 tokens per hash id; the pool's KV (8 x 16,384) holds half the distinct blocks of
     # the ~620 requests replayed with the default stages (3/4 with 10-s stages), so servers
@@ -184,6 +197,7 @@ WORKLOAD_DEFAULTS: dict[str, object] = dict(
     rates="25,50,75",
     trace=None,
     block_tokens=512,
+    agent=False,
 )
 SCENARIO_RATES = {
     "one-prefix": "20,40,60",
@@ -194,6 +208,7 @@ SCENARIO_RATES = {
     "kv-pressure": "25,50,75",
     "multi-turn": "30,60,90",
     "mooncake": "40,80,120",
+    "agent": "4,8,12",
 }
 LOAD_CONFIG = (ROOT / "config" / "load-only.yaml").read_text()
 RANDOM_CONFIG = """apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -221,6 +236,13 @@ class Req:
     stage: int  # -1 = warm-up
     prompt: str
     max_tokens: int | None = None  # a trace's own output length; None: --output-tokens
+    # The `agent` scenario (bench/routing_agent.py): the request as a chat or Messages
+    # body (the simulator's tokens are still `prompt`'s words), and the tokens of the
+    # session's previous request (for the ideal hit rate).
+    path: str = "/v1/completions"
+    body: dict | None = None
+    headers: dict | None = None
+    previous: int = 0
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -272,6 +294,7 @@ def workload(args: argparse.Namespace) -> list[Req]:
     if args.trace:  # a replayed trace (bench/routing_trace.py)
         return trace_module().workload(args, Req, words)
     rng = random.Random(args.seed)
+    agents = agent_module().AgentPrompts(args, rng, words) if args.agent else None
     prompts = Prompts(args, rng)
     reqs, t = [], 0.0
     stages = [(-1, args.rates[0], args.warmup_s)] + [
@@ -285,7 +308,11 @@ def workload(args: argparse.Namespace) -> list[Req]:
             if t >= end:
                 t = end
                 break
-            reqs.append(Req(t, k, prompts.next()))
+            if agents is not None:
+                prompt, path, body, headers, previous = agents.next()
+                reqs.append(Req(t, k, prompt, None, path, body, headers, previous))
+            else:
+                reqs.append(Req(t, k, prompts.next()))
     return reqs
 
 
@@ -324,10 +351,12 @@ async def one(
 ) -> Result:
     out = req.max_tokens or out
     body = {"model": model, "prompt": req.prompt, "max_tokens": out, "stream": True}
+    if req.body is not None:
+        body = {"model": model, **req.body, "max_tokens": out, "stream": True}
     res = Result(req.stage, ok=False, at=req.at)
     start = time.perf_counter()
     try:
-        async with http.post(url + "/v1/completions", json=body) as r:
+        async with http.post(url + req.path, json=body, headers=req.headers) as r:
             if r.status != 200:
                 await r.read()
                 return res
@@ -684,6 +713,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(agent=None)  # set by the `agent` scenario only
     p.add_argument(
         "--setups", default=None, help=f"comma list of {SETUPS} (all; matrix: {MATRIX_SETUPS})"
     )
@@ -912,6 +942,14 @@ def describe(args: argparse.Namespace) -> str:
     if args.trace:
         return trace_module().describe(args)
     shape = "unique prompts" if args.groups <= 0 else f"{args.groups} groups"
+    if args.agent:
+        return (
+            f"{args.scenario}: {args.groups} concurrent agent sessions of 10-40 turns (tool "
+            f"results of 200-2,000 tokens, system {args.system_tokens} tokens), half over "
+            f"/v1/messages, output {args.output_tokens}; {args.servers} x {args.preset}, KV "
+            f"{args.kv_tokens} tokens each, time scale {args.time_scale:g}; stages "
+            f"{args.stage_s:g} s real; median of {args.repeat}"
+        )
     if args.turns:
         shape = f"{args.groups} sessions x {args.turns} turns"
     elif args.groups > 0:
@@ -974,6 +1012,10 @@ def trace_module():
     from bench import routing_trace
 
     return routing_trace
+
+
+def agent_module():
+    return load_sibling("routing_agent")
 
 
 def vr_module():

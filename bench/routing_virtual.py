@@ -99,7 +99,8 @@ class Pool:
     def active(self, i: int) -> int:
         return sum(1 for f in self.flights.values() if f.server == i)
 
-    def pick(self, prompt: str, max_tokens: int) -> tuple[int, RoutingDecision | None]:
+    def pick(self, r, max_tokens: int) -> tuple[int, RoutingDecision | None]:
+        """The server `r` (a routing.py `Req`) goes to, and the EPP's decision."""
         n = len(self.engines)
         if self.setup == "rr":
             self.turn += 1
@@ -110,8 +111,10 @@ class Pool:
             a, b = self.rng.sample(range(n), 2)
             return (a if self.active(a) <= self.active(b) else b), None
         assert self.director is not None
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
-        request = parse_body(new_request({}, "/v1/completions", "POST"), _json(body))
+        body = {"model": "tiny", "prompt": r.prompt, "max_tokens": max_tokens, "stream": True}
+        if r.body is not None:  # the agent scenario: a chat or Messages body
+            body = {"model": "tiny", **r.body, "max_tokens": max_tokens, "stream": True}
+        request = parse_body(new_request(r.headers or {}, r.path, "POST"), _json(body))
         decision = self.director.route(request, None)
         return int(decision.destinations[0].split(".")[3].split(":")[0]) - 1, decision
 
@@ -226,7 +229,7 @@ def simulate(pool: Pool, args: argparse.Namespace, reqs: list) -> list[Outcome]:
             next_scrape += args.scrape_s
         settle(pool, r.at, done, stages)
         pool.now[0] = r.at
-        server, decision = pool.pick(r.prompt, args.output_tokens)
+        server, decision = pool.pick(r, args.output_tokens)
         words = r.prompt.split()
         engine = pool.engines[server]
         engine.add(rid, len(words), args.output_tokens, r.at, prefixes.of(words))

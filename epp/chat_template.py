@@ -36,6 +36,7 @@ writes `{{ bos_token }}` gets exactly one BOS, one that does not gets none.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -133,6 +134,42 @@ class ChatTemplate:
         if isinstance(template, str):
             return cls(template, specials, str(d / "tokenizer_config.json"))
         return None
+
+    # ---- what vLLM's Messages route probes the template for ---------------------
+    @functools.cached_property
+    def merges_inline_system(self) -> bool:
+        """vLLM's `_detect_merge_inline_system`: a template that cannot render
+        [system, user, system, user] (in a bare sandbox: no special tokens, no helper
+        globals) gets a Messages request's inline system messages merged into the
+        leading one (`epp.anthropic.to_chat_body`)."""
+        from jinja2 import ext
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols]
+        )
+        probe = [{"role": r, "content": "t"} for r in ("system", "user", "system", "user")]
+        try:
+            env.from_string(self.source).render(messages=probe, add_generation_prompt=False)
+        except TemplateError:
+            return True
+        return False
+
+    @functools.cached_property
+    def disabled_thinking_effort(self) -> str:
+        """vLLM's `_probe_disabled_thinking_effort`: the reasoning effort a Messages
+        request's `thinking: {type: disabled}` becomes: "none", or "low" when the
+        template fails on "none" or renders it like some effort."""
+        probe = {"messages": [{"role": "user", "content": "Hi"}]}
+        try:
+            none = self.render({**probe, "reasoning_effort": "none"})
+            for effort in ("low", "medium", "high", "xhigh", "max"):
+                if self.render({**probe, "reasoning_effort": effort}) == none:
+                    return "low"
+        except TemplateRenderError:
+            return "low"
+        return "none"
 
     # ---- rendering ----------------------------------------------------------
     def render(self, body: Mapping[str, Any]) -> str:

@@ -24,16 +24,39 @@ _ERROR_TYPES = {
 }
 
 
+# Anthropic's error types per HTTP status (its Messages API "Errors" reference).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    431: "invalid_request_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
 @dataclass
 class EppError(Exception):
     status: int
     message: str
     code: str = ""
+    # The client's API shapes the body: a /v1/messages client reads Anthropic's
+    # `{"type": "error", "error": {"type", "message"}}` (set where the path is known).
+    anthropic: bool = False
 
     def __str__(self) -> str:
         return f"{self.status}: {self.message}"
 
     def body(self) -> bytes:
+        if self.anthropic:
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+            return json.dumps(
+                {"type": "error", "error": {"type": kind, "message": self.message}}
+            ).encode()
         return json.dumps(
             {
                 "error": {

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epp.errors import EppError
+from epp.session_key import DEFAULT_SOURCES
 
 # What the EPP may set on a routed request: the destination endpoint, a generated
 # x-request-id, content-length, x-prefiller-host-port (each ~100 bytes at most).
@@ -43,11 +44,13 @@ ENVOY_ADDS = 3
 
 @dataclass(frozen=True, slots=True)
 class BodyLimits:
-    """What `parse_body` refuses, each with a 400 naming the flag that sets it."""
+    """What `parse_body` refuses, each with a 400 naming the flag that sets it, and
+    where it reads the session key (`epp.session_key`, --session-key-sources)."""
 
     max_json_depth: int = 128
     max_messages: int = 10_000
     max_prompt_tokens: int = 1_048_576
+    session_sources: tuple[str, ...] = DEFAULT_SOURCES
 
     def __post_init__(self) -> None:
         for name in ("max_json_depth", "max_messages", "max_prompt_tokens"):

@@ -16,6 +16,7 @@ How vLLM 0.32 turns a request into ids (`vllm/entrypoints/openai/*/protocol.py`)
   the plain rendering (`epp.request.render_chat`), counted in
   `epp_chat_template_fallbacks_total`; the client never sees an error from it (the
   server answers whatever it answers);
+- /v1/messages: converted to the chat body vLLM builds (`epp.anthropic`), then as chat;
 - anything else (embeddings, responses): the extracted prompt text, no special tokens.
 """
 
@@ -25,9 +26,10 @@ import logging
 
 from prometheus_client import Counter
 
-from epp.chat_template import TemplateRenderError
+from epp import anthropic
+from epp.chat_template import ChatTemplate, TemplateRenderError
 from epp.observability import REGISTRY
-from epp.request import API_CHAT, API_COMPLETIONS, InferenceRequest
+from epp.request import API_CHAT, API_COMPLETIONS, API_MESSAGES, InferenceRequest
 from epp.scheduling.types import CycleState
 from epp.tokenizer import Tokenizer
 
@@ -63,11 +65,11 @@ def encode_request(request: InferenceRequest, tokenizer: Tokenizer) -> list[int]
     if request.prompt_token_ids is not None:
         return request.prompt_token_ids
     body = request.body or {}
-    if request.api == API_CHAT:
+    if request.api == API_CHAT or request.api == API_MESSAGES:
         template = getattr(tokenizer, "chat_template", None)
         if template is not None:
             try:
-                return tokenizer.encode(template.render(body))
+                return tokenizer.encode(template.render(_chat_body(request, template)))
             except TemplateRenderError as e:
                 TEMPLATE_FALLBACKS.inc()
                 log.debug("chat template fallback for %s: %s", request.request_id, e)
@@ -76,3 +78,19 @@ def encode_request(request: InferenceRequest, tokenizer: Tokenizer) -> list[int]
         special = body.get("add_special_tokens", True)
         return tokenizer.encode(request.prompt_text, add_special_tokens=special is not False)
     return tokenizer.encode(request.prompt_text)
+
+
+def _chat_body(request: InferenceRequest, template: ChatTemplate) -> dict:
+    """What the template renders: the chat body itself, or for /v1/messages the chat
+    body vLLM converts it to, with this template's answers to vLLM's two probes."""
+    if request.api != API_MESSAGES or request.chat_body is None:
+        return request.body or {}
+    body = request.body or {}
+    thinking = body.get("thinking")
+    disabled = isinstance(thinking, dict) and thinking.get("type") == "disabled"
+    effort = template.disabled_thinking_effort if disabled else "none"
+    if template.merges_inline_system or effort != "none":
+        return anthropic.to_chat_body(
+            body, merge_inline_system=template.merges_inline_system, disabled_effort=effort
+        )
+    return request.chat_body

@@ -16,9 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp import anthropic
 from epp.errors import bad_request
 from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
 from epp.limits import BodyLimits, prompt_too_long
+from epp.media import MediaItem, chat_part_media
+from epp.session_key import DEFAULT_SOURCES as DEFAULT_SESSION_SOURCES
+from epp.session_key import session_key
 
 DEFAULT_BODY_LIMITS = BodyLimits()
 
@@ -38,6 +42,7 @@ API_CHAT = "chat"
 API_COMPLETIONS = "completions"
 API_EMBEDDINGS = "embeddings"
 API_RESPONSES = "responses"
+API_MESSAGES = "messages"  # Anthropic's Messages API (epp.anthropic)
 API_OTHER = "other"
 API_NONE = "none"  # a body-less request (GET)
 
@@ -46,6 +51,7 @@ _SUFFIXES = (
     ("/completions", API_COMPLETIONS),
     ("/embeddings", API_EMBEDDINGS),
     ("/responses", API_RESPONSES),
+    ("/messages", API_MESSAGES),  # /v1/messages/count_tokens is API_OTHER: passed through
 )
 
 
@@ -55,6 +61,13 @@ def api_for_path(path: str) -> str:
         if path.endswith(suffix):
             return api
     return API_OTHER
+
+
+def is_anthropic_path(path: str) -> bool:
+    """/v1/messages and /v1/messages/count_tokens: their clients read Anthropic's error
+    shape (`EppError.anthropic`)."""
+    path = path.split("?", 1)[0].rstrip("/")
+    return path.endswith("/messages") or path.endswith("/messages/count_tokens")
 
 
 @dataclass(slots=True)
@@ -80,6 +93,40 @@ class InferenceRequest:
     objective: str | None = None
     fairness_id: str | None = None
     cache_salt: str | None = None
+    # /v1/messages: the chat-completions body vLLM converts it to (what its template renders).
+    chat_body: dict[str, Any] | None = None
+    # Media items in prompt order (`epp.media`), and where the first one's marker starts
+    # in `prompt_text` (-1: none): the precise index stops its match before it.
+    media: tuple[MediaItem, ...] = ()
+    media_at: int = -1
+    # Characters the server reads but the prompt text leaves out (Anthropic documents):
+    # counted in the estimate, so --max-prompt-tokens bounds them too.
+    extra_chars: int = 0
+    # Where the session key is read from (`BodyLimits.session_sources`); the key itself is
+    # read only when a plugin or flow control asks (`session_key`).
+    session_sources: tuple[str, ...] = DEFAULT_SESSION_SOURCES
+    _session_key: str | bool | None = False  # False: not read yet
+    # OpenAI's prompt_cache_key: a prefix-routing hint (plugins/prefix/cache_key_hint.py).
+    prompt_cache_key: str | None = None
+
+    @property
+    def session_key(self) -> str | None:
+        """The client's session: the first of `session_sources` the request carries
+        (`epp.session_key`), read on first use: the default config never asks."""
+        key = self._session_key
+        if key is False:
+            key = self._session_key = session_key(self.headers, self.body, self.session_sources)
+        return key  # type: ignore[return-value]
+
+    @session_key.setter
+    def session_key(self, value: str | None) -> None:
+        self._session_key = value
+
+    @property
+    def fairness_key(self) -> str | None:
+        """Flow control's fairness id: the client's `x-gateway-inference-fairness-id`, else
+        the session key (as llm-d falls back to the agent identity)."""
+        return self.fairness_id or self.session_key
 
     @property
     def prompt_tokens_estimate(self) -> int:
@@ -87,7 +134,8 @@ class InferenceRequest:
         (upstream's rule)."""
         if self.prompt_token_count:
             return self.prompt_token_count
-        return max(1, len(self.prompt_text) // CHARS_PER_TOKEN) if self.prompt_text else 0
+        chars = len(self.prompt_text) + self.extra_chars
+        return max(1, chars // CHARS_PER_TOKEN) if chars else 0
 
     @property
     def expected_output_tokens(self) -> int:
@@ -152,6 +200,8 @@ def parse_body(
     req.max_tokens = _max_tokens(body)
     salt = body.get("cache_salt")
     req.cache_salt = salt if isinstance(salt, str) and salt else None
+    key = body.get("prompt_cache_key")
+    req.prompt_cache_key = key if isinstance(key, str) and key else None
     if req.api == API_COMPLETIONS:
         req.prompt_token_ids, req.prompt_token_count = _token_id_prompt(body)
     if req.prompt_token_ids is None:
@@ -161,9 +211,13 @@ def parse_body(
                 f"field 'messages' has {len(messages)} messages, over the limit of "
                 f"{limits.max_messages} (set by epp serve --max-messages)"
             )
-        req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
+        if req.api == API_CHAT or req.api == API_MESSAGES:
+            _read_conversation(req, body)
+        else:
+            req.prompt_text = _PROMPT_READERS.get(req.api, _no_prompt)(body)
     if req.prompt_tokens_estimate > limits.max_prompt_tokens:
         raise prompt_too_long(req.prompt_tokens_estimate, limits.max_prompt_tokens)
+    req.session_sources = limits.session_sources
     return req
 
 
@@ -267,7 +321,9 @@ def _token_id_prompt(body: dict[str, Any]) -> tuple[list[int] | None, int]:
     return None, 0
 
 
-def _message_text(content: Any, where: str) -> str:
+def _message_text(content: Any, where: str, media: list[MediaItem] | None = None) -> str:
+    """A message's text parts joined, each media part as its marker at its place
+    (`epp.media`; appended to `media` when given)."""
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
@@ -280,6 +336,12 @@ def _message_text(content: Any, where: str) -> str:
                 if not isinstance(text, str):
                     raise bad_request(f"{where}.content[{i}].text must be a string")
                 parts.append(text)
+            else:
+                item = chat_part_media(part, f"{where}.content[{i}]")
+                if item is not None:
+                    parts.append(item.marker)
+                    if media is not None:
+                        media.append(item)
         return "".join(parts)
     raise bad_request(f"{where}.content must be a string or a list of content parts")
 
@@ -289,7 +351,26 @@ def render_chat(messages: list[dict[str, Any]]) -> str:
     return "".join(f"<|{m['role']}|>\n{m['text']}\n" for m in messages)
 
 
-def _chat_prompt(body: dict[str, Any]) -> str:
+def _read_conversation(req: InferenceRequest, body: dict[str, Any]) -> None:
+    """Chat and Messages requests: the plain rendering (media markers in place), the
+    media items, and for Messages the converted chat body vLLM renders."""
+    chat = body
+    if req.api == API_MESSAGES:
+        anthropic.validate(body)
+        chat = req.chat_body = anthropic.to_chat_body(body)
+        req.extra_chars = anthropic.document_chars(body)
+    media: list[MediaItem] = []
+    # A Messages body can convert to no messages at all (only documents, which vLLM's
+    # converter drops): nothing to render then, and no 400 of the EPP's own.
+    empty = chat is not body and not chat["messages"]
+    rendered = "" if empty else _chat_prompt(chat, media)
+    req.prompt_text = anthropic.tools_text(chat) + rendered if "tools" in chat else rendered
+    if media:
+        req.media = tuple(media)
+        req.media_at = req.prompt_text.find(media[0].marker)
+
+
+def _chat_prompt(body: dict[str, Any], media: list[MediaItem] | None = None) -> str:
     messages = body.get("messages")
     if messages is None:
         raise bad_request("field 'messages' is missing; /v1/chat/completions needs messages")
@@ -303,8 +384,22 @@ def _chat_prompt(body: dict[str, Any]) -> str:
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise bad_request(f"{where}.role must be a non-empty string")
-        rendered.append({"role": role, "text": _message_text(m.get("content"), where)})
+        text = _message_text(m.get("content"), where, media)
+        if role == "assistant" and ("tool_calls" in m or "reasoning" in m):
+            text = _extras(m) + text
+        rendered.append({"role": role, "text": text})
     return render_chat(rendered)
+
+
+def _extras(m: dict[str, Any]) -> str:
+    """An assistant turn's reasoning and tool calls, which the template writes into the
+    prompt too: in the plain rendering (and so in the prompt estimate)."""
+    reasoning = m.get("reasoning")
+    calls = m.get("tool_calls")
+    out = reasoning if isinstance(reasoning, str) else ""
+    if calls:
+        out += json.dumps(calls, ensure_ascii=False)
+    return out
 
 
 def _embeddings_input(body: dict[str, Any]) -> str:
@@ -333,7 +428,6 @@ def _no_prompt(body: dict[str, Any]) -> str:
 
 _PROMPT_READERS = {
     API_COMPLETIONS: _completions_prompt,
-    API_CHAT: _chat_prompt,
     API_EMBEDDINGS: _embeddings_input,
     API_RESPONSES: _responses_input,
 }

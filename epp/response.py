@@ -31,7 +31,11 @@ from dataclasses import dataclass
 # A choice that carries output: chat `delta.content`, completions `text`, reasoning text,
 # or tool-call arguments, with a non-empty JSON string value. An escaped quote inside a
 # string (`\\"text\\":`) cannot match, since a backslash sits before the closing quote.
-_TOKEN = re.compile(rb'"(?:content|text|reasoning_content|reasoning|arguments)"\s*:\s*"(?!")')
+# Anthropic's Messages stream carries output in `content_block_delta` events as
+# `text`, `thinking` or `partial_json` (tool input) deltas.
+_TOKEN = re.compile(
+    rb'"(?:content|text|reasoning_content|reasoning|arguments|thinking|partial_json)"\s*:\s*"(?!")'
+)
 DEFAULT_MAX_JSON_BYTES = 64 * 1024
 _TAIL_BYTES = 4096
 # `"usage": {...}` with at most one nested object (prompt_tokens_details).
@@ -40,7 +44,11 @@ _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\})')
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """OpenAI `usage`: prompt, completion and cached prompt tokens (0 when not reported)."""
+    """OpenAI `usage`: prompt, completion and cached prompt tokens (0 when not reported).
+
+    Anthropic's (`input_tokens`, `output_tokens`, `cache_read_input_tokens`,
+    `cache_creation_input_tokens`) is read too: its `input_tokens` leaves out the cache
+    reads and writes (vLLM 0.32 `_build_anthropic_usage`), so the prompt is their sum."""
 
     prompt_tokens: int
     completion_tokens: int
@@ -50,12 +58,25 @@ class Usage:
     def from_json(cls, obj: object) -> Usage | None:
         if not isinstance(obj, dict):
             return None
+        if "input_tokens" in obj:
+            return cls._from_anthropic(obj)
         details = obj.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
         if not isinstance(prompt, int) or not isinstance(completion, int):
             return None
         return cls(prompt, completion, cached if isinstance(cached, int) else 0)
+
+    @classmethod
+    def _from_anthropic(cls, obj: dict) -> Usage | None:
+        uncached, completion = obj.get("input_tokens"), obj.get("output_tokens")
+        if not isinstance(uncached, int) or not isinstance(completion, int):
+            return None
+        read = obj.get("cache_read_input_tokens")
+        read = read if isinstance(read, int) else 0
+        created = obj.get("cache_creation_input_tokens")
+        created = created if isinstance(created, int) else 0
+        return cls(uncached + read + created, completion, read)
 
 
 class ResponseMeter:
@@ -144,7 +165,7 @@ class ResponseMeter:
             obj = _json(body)
             if isinstance(obj, dict):
                 self.usage = Usage.from_json(obj.get("usage"))
-                if "error" in obj and "choices" not in obj:
+                if "error" in obj and "choices" not in obj and "content" not in obj:
                     self.error_status = _error_status(obj["error"])
                 elif obj.get("object") == "error":  # vLLM's older error shape
                     self.error_status = _error_status(obj)
@@ -189,7 +210,26 @@ def _json(raw: bytes) -> object:
         return None
 
 
+# Anthropic's error types (its API reference), for an error that names no code.
+_ANTHROPIC_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
 def _error_status(error: object) -> int:
-    """The HTTP status an error object names (OpenAI/vLLM put it in `code`), else 500."""
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, int) and 400 <= code <= 599 else 500
+    """The HTTP status an error object names (OpenAI/vLLM put it in `code`; Anthropic's
+    shape names only a `type`), else 500."""
+    if not isinstance(error, dict):
+        return 500
+    code = error.get("code")
+    if isinstance(code, int) and 400 <= code <= 599:
+        return code
+    kind = error.get("type")
+    return _ANTHROPIC_STATUS.get(kind, 500) if isinstance(kind, str) else 500

@@ -30,6 +30,7 @@ from epp.limits import BodyLimits, HeaderLimits
 from epp.planner.live.loading import load_planner, planner_statefile
 from epp.scheduling.registry import Handle
 from epp.serve_options import DEFAULT_MAX_SCRAPE_INTERVAL, ServeOptions
+from epp.session_key import parse_sources
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,6 +116,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.max_prompt_tokens,
         help=f"prompts estimated longer get 400 ({defaults.max_prompt_tokens})",
+    )
+    p.add_argument(
+        "--session-key-sources",
+        default=",".join(defaults.session_sources),
+        help="where a request's session key comes from, first present wins: comma-separated "
+        "header:NAME and body:FIELD[.FIELD] (the agent clients' headers as llm-d-router's "
+        "agent-identity plugin lists them, prompt_cache_key, metadata.user_id, user, "
+        "x-session-token); feeds session-affinity-scorer and is flow control's fairness id "
+        "when the request names none; '' = none",
     )
     p.add_argument(
         "--max-request-headers",
@@ -326,11 +336,17 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
     try:
+        sources = parse_sources(args.session_key_sources)
+    except ValueError as e:
+        raise ConfigError("", f"--session-key-sources: {e}") from None
+    try:
         return StreamLimits(
             max_body_bytes=args.max_body_bytes,
             max_buffered_bytes=args.max_buffered_bytes,
             body_timeout=args.body_timeout,
-            body=BodyLimits(args.max_json_depth, args.max_messages, args.max_prompt_tokens),
+            body=BodyLimits(
+                args.max_json_depth, args.max_messages, args.max_prompt_tokens, sources
+            ),
             headers=HeaderLimits(args.max_request_headers, args.max_request_headers_kb),
         )
     except ValueError as e:

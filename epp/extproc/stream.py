@@ -57,7 +57,13 @@ from epp.extproc.response_leg import ResponseLeg
 from epp.flowcontrol.controller import FlowController
 from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID, ROUTE_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
-from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
+from epp.request import (
+    DEFAULT_BODY_LIMITS,
+    InferenceRequest,
+    is_anthropic_path,
+    new_request,
+    parse_body,
+)
 from epp.response import ResponseMeter
 from epp.scheduling.types import CycleState
 
@@ -496,6 +502,8 @@ class RequestStream:
         ]
 
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
+        if self.request is not None and is_anthropic_path(self.request.path):
+            error.anthropic = True  # a Messages client reads Anthropic's error shape
         self.phase = Phase.REJECTED
         self._drop_body()
         self.refusals.record(self.request.request_id if self.request else "-", error)

@@ -114,7 +114,7 @@ class FlowController:
         """Return when `request` (`size` body bytes) may be routed; raise EppError if not."""
         t0 = self.clock()
         priority = self.objectives.priority(request)
-        flow = request.fairness_id or DEFAULT_FLOW
+        flow = request.fairness_key or DEFAULT_FLOW  # the session key when no fairness id
         served = self.datastore.served_models()
         labels = (
             self._fairness_labels(flow),

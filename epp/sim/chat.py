@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from epp.chat_template import ChatTemplate, TemplateRenderError, special_tokens
+from epp.errors import EppError
+from epp.media import PLACEHOLDER, MediaItem, chat_part_media
 from epp.request import render_chat
 
 Renderer = Callable[[list[dict[str, Any]]], str]
@@ -56,9 +58,34 @@ def _content_text(content: Any, i: int) -> str:
                 if not isinstance(part.get("text"), str):
                     raise ChatError(f"messages[{i}].content[{j}].text must be a string")
                 parts.append(part["text"])
-            # Other parts (images, audio) carry no text; neither the EPP nor the sim reads them.
+            elif _media(part, f"messages[{i}].content[{j}]") is not None:
+                # vLLM's placeholder tokens are the same for every item (the item's
+                # identity goes into the block hashes: `media_items`, kvcache.py).
+                parts.append(PLACEHOLDER)
         return "".join(parts)
     raise ChatError(f"messages[{i}].content must be a string or a list of content parts")
+
+
+def _media(part: dict[str, Any], where: str) -> MediaItem | None:
+    try:
+        return chat_part_media(part, where)
+    except EppError as e:
+        raise ChatError(e.message) from None
+
+
+def media_items(messages: list[dict[str, Any]]) -> list[MediaItem]:
+    """The media items of validated messages, in prompt order: each one's digest is the
+    identifier vLLM hashes into the blocks its placeholder covers (vLLM hashes the
+    decoded media; the simulator, which decodes nothing, the payload or the URL)."""
+    items = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            for part in content:
+                item = _media(part, "content")
+                if item is not None:
+                    items.append(item)
+    return items
 
 
 def render_default(messages: Any) -> str:
@@ -105,4 +132,5 @@ def _jinja_renderer(path: Path) -> Renderer:
         except TemplateRenderError as e:
             raise ChatError(f"chat template: {e}") from None
 
+    render.template = template  # type: ignore[attr-defined]  # read by epp.sim.messages
     return render

@@ -141,7 +141,8 @@ class KVCache:
         while len(hashes) < want:
             i = len(hashes)
             parent = hashes[-1] if hashes else NONE_HASH
-            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], _extra(req, i)))
+            extra = _extra(req, i, bs)
+            hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
         return hashes
 
     # -- prefix cache ------------------------------------------------------------------
@@ -266,11 +267,19 @@ class KVCache:
         return events
 
 
-def _extra(req: SimRequest, block_index: int) -> bytes:
-    """vLLM's extra hash keys: the LoRA name for every block, the salt for block 0."""
+def _extra(req: SimRequest, block_index: int, block_size: int) -> bytes:
+    """vLLM's extra hash keys: the LoRA name for every block, the salt for block 0, and
+    ("mm", identifier, offset from the block's start) for every media item whose
+    placeholder tokens overlap the block (`kv_cache_utils._gen_mm_extra_hash_keys`)."""
     extra = b""
     if req.lora:
         extra += b"\x00lora:" + req.lora.encode()
     if block_index == 0 and req.cache_salt:
         extra += b"\x00salt:" + req.cache_salt.encode()
+    if req.mm:
+        start = block_index * block_size
+        end = start + block_size
+        for identifier, offset, length in req.mm:
+            if offset < end and start < offset + length:
+                extra += f"\x00mm:{identifier}:{offset - start}".encode()
     return extra

@@ -13,8 +13,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from epp.media import PLACEHOLDER, MediaItem
 from epp.sim import pd
-from epp.sim.chat import ChatError, Renderer, render_default
+from epp.sim.chat import ChatError, Renderer, media_items, render_default
 from epp.sim.config import SimConfig
 from epp.sim.tokenizer import shared_tokenizer
 from epp.tokenizer import Tokenizer
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 Kind = Literal["completion", "chat"]
+# A media item's identifier and its placeholder tokens' offset and length in the prompt.
+MMFeature = tuple[str, int, int]
 
 _ERROR_TYPES = {
     400: "BadRequestError",
@@ -64,6 +67,7 @@ class InferenceRequest:
     cache_salt: str | None = None
     kv_kind: pd.Kind = "none"
     kv_params: dict[str, Any] | None = None
+    mm: tuple[MMFeature, ...] = ()  # media placeholders (chat requests with media)
 
     @property
     def prompt_tokens(self) -> tuple[int, ...]:
@@ -91,6 +95,7 @@ def parse(
     if model not in served:
         raise ApiError(404, f"The model `{model}` does not exist.")
 
+    mm: tuple[MMFeature, ...] = ()
     if kind == "completion":
         prompts = _completion_prompts(body.get("prompt"), tok)
         max_tokens = _positive_int(body, "max_tokens")
@@ -100,6 +105,7 @@ def parse(
         except ChatError as e:
             raise ApiError(400, str(e)) from None
         prompts = (tuple(tok.encode(text)),)
+        mm = _mm_features(prompts[0], media_items(body["messages"]), tok)
         max_tokens = _positive_int(body, "max_completion_tokens") or _positive_int(
             body, "max_tokens"
         )
@@ -151,7 +157,29 @@ def parse(
         cache_salt=salt,
         kv_kind=kv_kind,
         kv_params=params,
+        mm=mm,
     )
+
+
+def _mm_features(
+    ids: tuple[int, ...], items: list[MediaItem], tok: Tokenizer
+) -> tuple[MMFeature, ...]:
+    """(identifier, offset, length) of each media item's placeholder tokens in `ids`, as
+    vLLM's `mm_features` place them (items in prompt order, placeholders left to right)."""
+    if not items:
+        return ()
+    pattern = tuple(tok.encode(PLACEHOLDER))
+    n = len(pattern)
+    out: list[MMFeature] = []
+    at = 0
+    for item in items:
+        while at + n <= len(ids) and ids[at : at + n] != pattern:
+            at += 1
+        if at + n > len(ids):
+            break
+        out.append((item.digest, at, n))
+        at += n
+    return tuple(out)
 
 
 def _positive_int(body: dict[str, Any], key: str) -> int | None:
@@ -268,6 +296,20 @@ class ResponseBuilder:
             return json.dumps({**self._head("chat.completion.chunk"), "choices": [choice]})
         reason = "null" if finish_reason is None else json.dumps(finish_reason)
         return self._chunk % (index, json.dumps(text), reason)
+
+    # The SSE framing `OpenAIRoutes.stream` writes (epp.sim.messages has the same four).
+    def sse_start(self, usage_: dict[str, Any]) -> str:
+        return ""
+
+    def sse_token(self, index: int, text: str, first: bool, finish_reason: str | None) -> str:
+        return f"data: {self.chunk_json(index, text, first, finish_reason)}\n\n"
+
+    def sse_end(self, finish_reason: str, usage_: dict[str, Any], include_usage: bool) -> str:
+        usage_event = f"data: {json.dumps(self.usage_chunk(usage_))}\n\n" if include_usage else ""
+        return usage_event + "data: [DONE]\n\n"
+
+    def sse_error(self, status: int, message: str) -> str:
+        return f"data: {json.dumps(error_body(status, message))}\n\ndata: [DONE]\n\n"
 
     def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
         obj = "text_completion" if self.kind == "completion" else "chat.completion.chunk"

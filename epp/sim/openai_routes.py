@@ -3,18 +3,17 @@ or streamed answers, the P/D `kv_transfer_params` legs) and GET /v1/models."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from epp.sim import pd
+from epp.sim.messages import MessagesBuilder, MessagesRoutes
 from epp.sim.openai import (
     ApiError,
     InferenceRequest,
     Kind,
     ResponseBuilder,
-    error_body,
     models_body,
     parse,
     read_json,
@@ -35,6 +34,7 @@ class OpenAIRoutes:
         router.add_post("/v1/completions", self.completions)
         router.add_post("/v1/chat/completions", self.chat)
         router.add_get("/v1/models", self.models)
+        MessagesRoutes(self).register(router)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.inference(request, "completion")
@@ -51,10 +51,19 @@ class OpenAIRoutes:
             self.server.stats.kv_transfer[kind] += 1
 
     async def inference(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        return await self.run(request, await read_json(request), kind)
+
+    async def run(
+        self, request: web.Request, body: Any, kind: Kind | MessagesBuilder
+    ) -> web.StreamResponse:
+        """Serve one request; `kind` is an OpenAI kind, or a Messages builder for a
+        /v1/messages request already converted to chat (epp.sim.messages)."""
+        builder = kind if isinstance(kind, MessagesBuilder) else None
+        kind = "chat" if builder is not None else kind
         self.server.stats.requests_received += 1
         req = parse(
             kind,
-            await read_json(request),
+            body,
             self.server.config,
             tokenizer=self.server.tokenizer,
             render=self.server.render,
@@ -86,13 +95,15 @@ class OpenAIRoutes:
                 cache_salt=req.cache_salt,
                 remote_prefill=remote_prefill,
                 remote_decode=remote_decode,
+                mm=req.mm,
             )
             for i, ids in enumerate(req.prompts)
         ]
         delay = self.server.faults.delay_ms / 1000.0
         for seq in seqs:
             self.server.engine.submit(seq, delay)
-        builder = ResponseBuilder(kind, req.model)
+        if builder is None:
+            builder = ResponseBuilder(kind, req.model)
         self.server.inflight[channel] = request
         try:
             if req.stream:
@@ -124,7 +135,7 @@ class OpenAIRoutes:
 
     async def complete(
         self,
-        builder: ResponseBuilder,
+        builder: ResponseBuilder | MessagesBuilder,
         req: InferenceRequest,
         seqs: list[SimRequest],
         remote_decode: bool,
@@ -154,7 +165,7 @@ class OpenAIRoutes:
     async def stream(
         self,
         request: web.Request,
-        builder: ResponseBuilder,
+        builder: ResponseBuilder | MessagesBuilder,
         seqs: list[SimRequest],
         include_usage: bool,
     ) -> web.StreamResponse:
@@ -163,13 +174,10 @@ class OpenAIRoutes:
         )
         await resp.prepare(request)
 
-        async def send(payload: Any) -> None:
-            data = payload if isinstance(payload, str) else json.dumps(payload)
-            await resp.write(f"data: {data}\n\n".encode())
-
         channel = seqs[0].channel
         sent = [0] * len(seqs)
         remaining = len(seqs)
+        started = False
         try:
             while remaining:
                 out: list[str] = []
@@ -177,10 +185,12 @@ class OpenAIRoutes:
                     finished = seq.state is State.FINISHED
                     while sent[i] < seq.generated:
                         k = sent[i]
+                        if not started:
+                            out.append(builder.sse_start(self.usage(seqs)))
+                            started = True
                         last = finished and k + 1 == seq.generated
                         reason = seq.finish_reason if last else None
-                        chunk = builder.chunk_json(i, filler_token(k), k == 0, reason)
-                        out.append(f"data: {chunk}\n\n")
+                        out.append(builder.sse_token(i, filler_token(k), k == 0, reason))
                         sent[i] += 1
                         remaining -= last
                 if out:
@@ -188,14 +198,12 @@ class OpenAIRoutes:
                 aborted = self.aborted(seqs)
                 if aborted is not None:
                     self.server.stats.requests_aborted += 1
-                    await send(error_body(503, aborted.abort_reason))
-                    await send("[DONE]")
+                    await resp.write(builder.sse_error(503, aborted.abort_reason).encode())
                     return resp
                 if remaining:
                     await channel.wait()
-            if include_usage:
-                await send(builder.usage_chunk(self.usage(seqs)))
-            await send("[DONE]")
+            end = builder.sse_end(seqs[0].finish_reason, self.usage(seqs), include_usage)
+            await resp.write(end.encode())
             await resp.write_eof()
         except ConnectionResetError:
             self.server.stats.requests_aborted += 1

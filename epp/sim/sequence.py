@@ -87,6 +87,8 @@ class SimRequest:
     cache_salt: str | None = None
     remote_prefill: bool = False  # decode side of P/D: prompt KV comes from elsewhere
     remote_decode: bool = False  # prefill side of P/D: stop after prefill, keep KV to send
+    # Media items: (identifier, placeholder offset, length), vLLM's `mm_features`.
+    mm: tuple[tuple[str, int, int], ...] = ()
     id: int = field(default_factory=lambda: next(_ids))
     state: State = State.WAITING
     arrival: float = 0.0

@@ -21,6 +21,12 @@ Blocks (GIE `approximateprefix`, reference §3.4):
   shared with any other plugin using the same tokenizer;
 - `autoTune`: the block size is the first candidate's `vllm:cache_config_info`
   `block_size`, and each endpoint's LRU capacity its `num_gpu_blocks`, when reported.
+- `prompt_cache_key` (OpenAI's field): a request the index has no match for at all goes
+  where the key's last request went, while that endpoint is not saturated
+  (`cache_key_hint.py`).
+- media items (images, audio, video) enter the chain at their place, keyed by a digest
+  of their inline bytes or their URL (`epp.media`): same text with different images
+  diverges at the first differing image, as vLLM's block hashes do.
 - `hashBlockSize` (upstream v1.0, deprecated): characters per block; when set it wins
   over `blockSizeTokens` and autoTune's block size, since it was set by hand.
 """
@@ -40,6 +46,7 @@ from epp.scheduling.types import CycleState, SchedulingResult
 from epp.tokenizer import Tokenizer, load_tokenizer
 from plugins.prefix import metrics
 from plugins.prefix.approx_index import ApproxPrefixIndex
+from plugins.prefix.cache_key_hint import CacheKeyHint
 from plugins.prefix.hashing import chain_bytes, chain_seed, chain_tokens
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.prefix.pool_watch import PoolWatch
@@ -124,6 +131,7 @@ class ApproxPrefixCacheProducer(Plugin):
         self.handle = handle
         self.tokenizer = load_tokenizer_param(params.tokenizer)
         self.index = ApproxPrefixIndex(params.lru_capacity_per_server)
+        self.hint = CacheKeyHint()  # prompt_cache_key → where its last request went
         self._published_size = -1  # the index size last set on INDEXER_SIZE
         self._pool_watch = PoolWatch(handle, self.prune)
 
@@ -146,6 +154,8 @@ class ApproxPrefixCacheProducer(Plugin):
         ids = self.token_ids(state, request)
         hashes = self.hashes(request, block_tokens, ids)
         counts = self.index.match(hashes)
+        if not counts and request.prompt_cache_key is not None:
+            counts = self.hint.match(request, {e.name for e in endpoints}, len(hashes))
         return PrefixMatchInfo(
             total_blocks=len(hashes),
             block_size_tokens=block_tokens,
@@ -211,6 +221,7 @@ class ApproxPrefixCacheProducer(Plugin):
             return
         for snap in targets:
             self.index.add(snap.name, hashes, self._capacity(snap))
+        self.hint.learn(request, targets[0].name, len(hashes))
         self._publish_size()
         # Upstream records the primary target's match (GIE plugin.go PreRequest).
         matched = info.cached_blocks.get(targets[0].endpoint.name, 0)

@@ -11,6 +11,9 @@ blocks of the prompt (a trailing partial block is never cached by vLLM, so it is
 counted, as llm-d), `matched` = the tier-weighted longest consecutive prefix each
 endpoint holds, `cached_blocks` the unweighted one, `chains` the block hashes per size.
 
+A request with media (`InferenceRequest.media`) is matched only up to the block before
+its first media item (`_media_cut`): vLLM hashes the media into the blocks that hold it.
+
 The block size per endpoint is the one its `BlockStored` events carry, else its
 `vllm:cache_config_info` block_size; endpoints with neither use the most common known
 size among the candidates, else `blockSizeTokens`. Should candidates differ, the info
@@ -183,6 +186,7 @@ class PrecisePrefixCacheProducer(Plugin):
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
     ) -> PrefixMatchInfo:
         ids = self._token_ids(state, request)
+        hashable = ids[: self._media_cut(request)] if request.media else ids
         seed = _seed(request)
         known = [self.known_block_size(e) for e in endpoints]
         counts = collections.Counter(size for size in known if size)
@@ -191,7 +195,7 @@ class PrecisePrefixCacheProducer(Plugin):
         chains: dict[int, list[int]] = {}
         for size in sizes:
             if size not in chains:
-                chains[size] = chain_tokens(ids, size, seed)
+                chains[size] = chain_tokens(hashable, size, seed)
         now = self.handle.clock()
         self.index.expire(now)
         matched: dict[str, float] = {}
@@ -235,6 +239,15 @@ class PrecisePrefixCacheProducer(Plugin):
     def _token_ids(self, state: CycleState | None, request: InferenceRequest) -> list[int]:
         return prompt_token_ids(state, request, self.tokenizer)
 
+    def _media_cut(self, request: InferenceRequest) -> int:
+        """The tokens before the request's first media item. vLLM keys every block that
+        holds a media item's placeholder with the hash of the decoded media (extra keys
+        `("mm", identifier, offset)`), which the EPP cannot compute, so only the full
+        blocks before that item can be matched: the chain stops there. A request with
+        media is tokenized from its plain rendering (the template does not render media
+        parts), where the item's marker starts at `media_at`."""
+        return len(self.tokenizer.encode(request.prompt_text[: request.media_at]))
+
     # ---- PreRequest ---------------------------------------------------------
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         if not self.params.speculative_indexing or self.ttl <= 0:
@@ -247,6 +260,8 @@ class PrecisePrefixCacheProducer(Plugin):
             hashes = info.chains.get(size)
             if hashes is None:  # the endpoint's block size changed since `produce`
                 ids = self._token_ids(result.cycle_state, request)
+                if request.media:
+                    ids = ids[: self._media_cut(request)]
                 hashes = chain_tokens(ids, size, _seed(request))
             self.index.add_speculative(snap.name, hashes, self.ttl)
             if self.sync is not None:

@@ -1,7 +1,10 @@
 """`session-affinity-scorer`: the endpoint that served a session's previous request scores 1.
 
-The session id is a request header (`headerName`, default `x-session-token`, llm-d's
-header name). The EPP remembers session → endpoint name server-side, learned at
+The session id is the request's session key (`epp.session_key`: the agent clients'
+session headers in llm-d-router's agent-identity order, then `prompt_cache_key`,
+Anthropic `metadata.user_id`, OpenAI `user`, then `x-session-token`, llm-d's header;
+`epp serve --session-key-sources` reorders them), or only the header `headerName` when
+that is set. The EPP remembers session → endpoint name server-side, learned at
 pre-request from the first target of the primary profile (or of `profileName`), as llm-d's
 `session_id` strategy does (llm-d-router `pkg/epp/framework/plugins/scheduling/util/
 sessionaffinity/session_id.go`); llm-d's other strategy instead sends the pod back to the
@@ -39,7 +42,11 @@ MAX_SESSION_ID_CHARS = 128
 
 @dataclass(frozen=True)
 class SessionAffinityParams:
-    header_name: str = param(SESSION_TOKEN, doc="request header carrying the session id")
+    header_name: str = param(
+        "",
+        doc="read the session id from this header only; empty: the request's session key "
+        f"(epp serve --session-key-sources, which ends with {SESSION_TOKEN})",
+    )
     eviction_ttl_seconds: float = param(
         300.0, doc="a session unused this long is forgotten (llm-d's default)"
     )
@@ -51,8 +58,8 @@ class SessionAffinityParams:
     )
 
     def validate(self) -> None:
-        if not self.header_name.strip():
-            raise ValueError("headerName must be a non-empty header name")
+        if self.header_name and not self.header_name.strip():
+            raise ValueError("headerName must be a header name, or omitted for the session key")
         if self.eviction_ttl_seconds <= 0:
             raise ValueError(f"evictionTtlSeconds must be > 0, got {self.eviction_ttl_seconds}")
 
@@ -78,6 +85,8 @@ class SessionAffinityScorer(Plugin):
     def _session_id(self, request: InferenceRequest) -> str:
         """The client's session id; a long one is kept as its hash, so the map's memory
         is bounded by max_sessions × ~128 bytes, not by what clients send."""
+        if not self.header:
+            return request.session_key or ""
         sid = (request.headers.get(self.header) or "").strip()
         if len(sid) > MAX_SESSION_ID_CHARS:
             return "blake2b:" + hashlib.blake2b(sid.encode("utf-8", "replace")).hexdigest()

@@ -124,6 +124,68 @@ async def test_non_streamed_response_records_usage_and_ttft(stack):
     assert metric(stack, "inference_objective_input_tokens_sum") == expected
 
 
+MESSAGES = {
+    "model": "tiny",
+    "max_tokens": 12,
+    "system": [{"type": "text", "text": "You answer about streaming."}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "Tell me."}]}],
+}
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_messages_api_is_measured_like_any_request(stack, streamed):
+    """/v1/messages through Envoy: Anthropic's events reach the client unchanged, the EPP
+    counts the request in flight until the end, and records TTFT and the server's usage
+    (Anthropic's: input + cache reads) like any other request's."""
+    ttft_before = metric(stack, "inference_objective_request_ttft_seconds_count")
+    in_before = metric(stack, "inference_objective_input_tokens_sum")
+    out_before = metric(stack, "inference_objective_output_tokens_sum")
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+        session.post(stack.url + "/v1/messages", json={**MESSAGES, "stream": streamed}) as r,
+    ):
+        assert r.status == 200
+        raw = await r.read()
+    if streamed:
+        names = [ln[7:] for ln in raw.decode().splitlines() if ln.startswith("event: ")]
+        assert names[:2] == ["message_start", "content_block_start"]
+        assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+        assert names.count("content_block_delta") == 12
+        usage = json.loads(events(raw)[-2])["usage"]
+    else:
+        usage = json.loads(raw)["usage"]
+    await wait_inflight_zero(stack)
+    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert metric(stack, "inference_objective_request_ttft_seconds_count") == ttft_before + 1
+    assert metric(stack, "inference_objective_input_tokens_sum") == in_before + prompt
+    assert metric(stack, "inference_objective_output_tokens_sum") == out_before + 12
+
+
+async def test_messages_count_tokens_passes_through(stack):
+    body = {k: v for k, v in MESSAGES.items() if k != "max_tokens"}
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+        session.post(stack.url + "/v1/messages/count_tokens", json=body) as r,
+        session.post(stack.url + "/v1/messages", json=MESSAGES) as full,
+    ):
+        assert r.status == 200 and full.status == 200
+        counted = (await r.json())["input_tokens"]
+        usage = (await full.json())["usage"]
+    assert counted == usage["input_tokens"] + usage["cache_read_input_tokens"] > 0
+
+
+async def test_a_malformed_messages_body_gets_anthropics_error_shape(stack):
+    async with (
+        aiohttp.ClientSession(timeout=TIMEOUT) as session,
+        session.post(stack.url + "/v1/messages", json={"model": "tiny", "messages": []}) as r,
+    ):
+        assert r.status == 400
+        reply = await r.json()
+    assert reply["type"] == "error"
+    assert reply["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in reply["error"]["message"]
+
+
 async def test_client_disconnect_mid_stream_releases_inflight(stack):
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         r = await session.post(stack.url + "/v1/completions", json=STREAM)

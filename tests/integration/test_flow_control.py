@@ -355,3 +355,38 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue(epp_serve
         assert name in text, name
     assert 'outcome="EvictedContextCancelled"' in text
     assert 'fairness_id="default-flow"' in text
+
+
+async def test_the_session_key_is_the_flow_when_the_request_names_no_fairness_id():
+    """Agent sessions (their session header, llm-d's agent identity) share the queue round
+    robin like fairness ids do; an explicit fairness id still wins over the session."""
+    fc, ds = setup()
+    ds.acquire("a")  # saturated: 1 of 1
+    order: list[str] = []
+
+    def session_req(session: str, fairness: str | None = None):
+        return req("normal", fairness, x_claude_code_session_id=session)
+
+    async def client(tag: str, request) -> None:
+        await fc.acquire(request, 100)
+        order.append(tag)
+        ds.acquire("a")
+
+    arrivals = [
+        ("s1-1", session_req("s1")),
+        ("s1-2", session_req("s1")),
+        ("s1-3", session_req("s1")),
+        ("s2-1", session_req("s2")),
+        ("t-1", session_req("s3", fairness="s1")),  # the fairness id: flow s1
+    ]
+    tasks = []
+    for tag, request in arrivals:
+        tasks.append(asyncio.create_task(client(tag, request)))
+        await settle()
+    for _ in arrivals:
+        ds.release("a")
+        fc.capacity_freed()
+        await settle()
+    await asyncio.gather(*tasks)
+    # flows s1 (4 requests) and s2 (1) take turns: s1, s2, then the rest of s1
+    assert order == ["s1-1", "s2-1", "s1-2", "s1-3", "t-1"]

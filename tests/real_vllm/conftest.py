@@ -129,7 +129,8 @@ def vllm_pool():
                 "--kv-events", kv_endpoint,
                 "--kv-events-topic", topic,
                 "--cpus", str(i % max(1, os.cpu_count() or 1)),  # one core each
-                "--", "--enable-prompt-tokens-details",
+                # render routes: /v1/messages/render gives vLLM's own Messages token ids
+                "--", "--enable-prompt-tokens-details", "--enable-scale-out",
             ]  # fmt: skip
             if lora:
                 argv[argv.index("--") : argv.index("--")] = ["--dev-mode"]

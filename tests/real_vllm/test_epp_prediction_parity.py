@@ -15,6 +15,9 @@ sent there, and then:
   `usage.prompt_tokens_details.cached_tokens` (server flag `--enable-prompt-tokens-details`),
   and so does the approximate one (nothing is evicted in this sequence).
 
+A Messages sequence (system blocks, tools, thinking, tool use and results, an inline
+system reminder) is checked the same way against `/v1/messages/render` and Anthropic usage.
+
 Three servers: the two of the session (no BOS anywhere) and one started here on the
 tiny model's BOS variant (its tokenizer adds `<s>`, its chat template writes
 `{{ bos_token }}`): completions then carry one BOS, chats exactly one (vLLM does not add
@@ -36,6 +39,7 @@ import pytest
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.harness.procs import HttpReady, free_port, wait_ready
 from epp.request import new_request, parse_body
+from epp.response import Usage
 from epp.scheduling.registry import Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from plugins.prefix.approx_producer import ApproxPrefixCacheProducer, ApproxPrefixParams
@@ -54,6 +58,7 @@ pytestmark = pytest.mark.real_vllm
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
 
 SYSTEM = (
     "You are the routing assistant of an inference gateway. The endpoint picker sends "
@@ -164,6 +169,10 @@ class Epp:
 
     async def vllm_ids(self, server: VllmServer, path: str, body: dict) -> list[int]:
         tok_body = {"model": MODEL_NAME, **body}
+        if path == MESSAGES:  # /tokenize takes no Messages body; the render route does
+            r = await post(self.http, f"{server.url}{path}/render", {**tok_body, "max_tokens": 1})
+            assert r.status == 200, f"{path}/render: {r.status} {r.body[:300]!r}"
+            return r.json()["token_ids"]
         r = await post(self.http, f"{server.url}/tokenize", tok_body)
         assert r.status == 200, f"/tokenize: {r.status} {r.body[:300]!r}"
         return r.json()["tokens"]
@@ -172,7 +181,12 @@ class Epp:
         full = {"model": MODEL_NAME, "max_tokens": 1, **body}
         r = await post(self.http, f"{server.url}{path}", full)
         assert r.status == 200, f"{server.url}{path}: {r.status} {r.body[:300]!r}"
-        return r.json()["usage"]
+        if path != MESSAGES:
+            return r.json()["usage"]
+        usage = Usage.from_json(r.json()["usage"])  # Anthropic's: input + cache reads
+        assert usage is not None, r.body[:300]
+        details = {"cached_tokens": usage.cached_tokens}
+        return {"prompt_tokens": usage.prompt_tokens, "prompt_tokens_details": details}
 
     async def settled(self, pick: EndpointSnapshot, chain: list[int], n_tokens: int) -> None:
         """Wait until the picked server's BlockStored events for this prompt are in."""
@@ -214,7 +228,9 @@ def bos_server(vllm_pool):
     return VllmServer("vllm-bos", port, proc, topic, frozenset({MODEL_NAME}))
 
 
-async def run_parity(vllm_pool, servers: list[VllmServer], model_dir) -> list[str]:
+async def run_parity(
+    vllm_pool, servers: list[VllmServer], model_dir, sequence: list | None = None
+) -> list[str]:
     endpoints = [Endpoint(s.name, "127.0.0.1", s.port) for s in servers]
     handle = Handle(rng=random.Random(0), pool=lambda: endpoints)
     precise = PrecisePrefixCacheProducer(
@@ -239,7 +255,7 @@ async def run_parity(vllm_pool, servers: list[VllmServer], model_dir) -> list[st
         async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
             epp = Epp(precise, approx, servers, [snapshot(s) for s in servers], http)
             await warm_up(epp)
-            for path, body in requests(uuid.uuid4().hex):
+            for path, body in sequence or requests(uuid.uuid4().hex):
                 await check_one(epp, path, body)
             return epp.rows
     finally:
@@ -298,3 +314,70 @@ async def test_predicted_cached_tokens_equal_the_servers(vllm_pool, bos_server):
     hits = [r for r in rows if "vLLM cached 0" not in r and "--" not in r]
     assert len(hits) >= 8, f"too few cache hits for the comparison to mean much:\n{table}"
     assert servers  # all three ran
+
+
+# ---- Anthropic's Messages API ---------------------------------------------------------
+ANTHROPIC_TOOLS = [
+    {
+        "name": "queue_length",
+        "description": "The number of requests waiting on one model server.",
+        "input_schema": {"type": "object", "properties": {"server": {"type": "string"}}},
+    }
+]
+# "none": the servers run without a tool-call parser, which "auto" (vLLM's default when
+# tools are given) needs; the tools are still rendered into the prompt.
+WITH_ANTHROPIC_TOOLS = {"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "none"}}
+
+
+def messages_requests(nonce: str) -> list[tuple[str, dict]]:
+    """A growing agent conversation over /v1/messages: system blocks (with the billing
+    header vLLM strips), tools, thinking, tool use and tool results, an inline system
+    reminder, then a retry and a sibling."""
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abc;"},
+        {"type": "text", "text": f"[{nonce}] {SYSTEM}"},
+        {"type": "text", "text": "Answer briefly."},
+    ]
+    q1 = {"role": "user", "content": "Which server should take my next request?"}
+    a1 = {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "I should look at the queues.", "signature": "s"},
+            {"type": "text", "text": "Let me check the queue."},
+            {"type": "tool_use", "id": "toolu_1", "name": "queue_length", "input": {"server": "a"}},
+        ],
+    }
+    r1 = {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": [{"type": "text", "text": "3 requests waiting"}],
+            },
+            {"type": "text", "text": "And the second server?"},
+        ],
+    }
+    a2 = {"role": "assistant", "content": [{"type": "text", "text": "vllm-1 has none."}]}
+    reminder = {"role": "system", "content": "Reminder: prefer the warm cache."}
+    q3 = {"role": "user", "content": [{"type": "text", "text": "Then send it there."}]}
+    base = {"system": system, **WITH_ANTHROPIC_TOOLS}
+    return [
+        (MESSAGES, {**base, "messages": [q1]}),
+        (MESSAGES, {**base, "messages": [q1, a1, r1]}),
+        (MESSAGES, {**base, "messages": [q1, a1, r1, a2, reminder, q3]}),
+        (MESSAGES, {**base, "messages": [q1, a1, r1]}),  # a retry: cached but the tail
+        (MESSAGES, {**base, "messages": [{"role": "user", "content": "Something else."}]}),
+    ]
+
+
+async def test_messages_predicted_cached_tokens_equal_the_servers(vllm_pool):
+    """The Messages API as vLLM 0.32 serves it: the EPP's token ids equal the ones vLLM's
+    `/v1/messages/render` returns, and both producers predict the cache hit vLLM reports
+    (`cache_read_input_tokens`)."""
+    sequence = messages_requests(uuid.uuid4().hex)
+    rows = await run_parity(vllm_pool, vllm_pool.servers, vllm_pool.model_dir, sequence)
+    table = "\n".join(rows)
+    print(f"\nEPP prediction vs vLLM, /v1/messages:\n{table}")
+    hits = [r for r in rows if "vLLM cached 0" not in r]
+    assert len(hits) >= 3, f"too few cache hits for the comparison to mean much:\n{table}"

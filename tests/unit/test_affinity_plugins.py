@@ -16,6 +16,7 @@ from epp.headers import SESSION_TOKEN
 from epp.request import InferenceRequest, new_request, parse_body
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
+from epp.session_key import DEFAULT_SOURCES, session_key
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 from plugins.scorers import lora_affinity
 from tests.helpers import snap, with_metrics
@@ -71,7 +72,10 @@ A, B, C, D = snap("a"), snap("b"), snap("c"), snap("d")
 
 
 def sess(sid: str, header: str = SESSION_TOKEN) -> InferenceRequest:
-    return req(headers={header: sid})
+    """A request carrying `sid` in `header`, its session key read as parse_body reads it."""
+    r = req(headers={header: sid})
+    r.session_key = session_key(r.headers, None, DEFAULT_SOURCES)
+    return r
 
 
 def test_session_no_header_or_unknown_session_is_neutral():

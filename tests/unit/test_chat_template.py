@@ -240,3 +240,67 @@ def test_reasoning_effort_turns_thinking_on_unless_the_kwargs_say_otherwise():
         t.render({"messages": msgs, "reasoning_effort": "high", "chat_template_kwargs": kwargs})
         == "F"
     )
+
+
+def test_the_two_probes_vllms_messages_route_makes():
+    """vLLM's Messages route probes the template: does it refuse a system message after
+    the first (then inline system messages are merged), and does it render reasoning
+    effort "none" differently from every effort (else thinking disabled becomes "low")."""
+    from epp.chat_template import ChatTemplate
+
+    strict = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('system first') }}{% endif %}{{ m.content }}{% endfor %}",
+        {},
+    )
+    lenient = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", {})
+    assert strict.merges_inline_system and not lenient.merges_inline_system
+    thinking = ChatTemplate(
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}",
+        {},
+    )
+    assert thinking.disabled_thinking_effort == "none"
+    assert lenient.disabled_thinking_effort == "low"  # renders "none" like any effort
+
+
+def test_a_messages_request_is_rendered_with_the_templates_probe_answers():
+    import json as _json
+
+    from epp.chat_template import ChatTemplate
+    from epp.prompt_tokens import encode_request
+    from epp.request import new_request, parse_body
+
+    class Tok:
+        name = "chars"
+
+        def __init__(self, source: str) -> None:
+            self.chat_template = ChatTemplate(source, {})
+            self.texts: list[str] = []
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            self.texts.append(text)
+            return [ord(c) for c in text]
+
+    source = (
+        "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+        "{{ raise_exception('system first') }}{% endif %}[{{ m.role }}]{{ m.content }}"
+        "{% endfor %}{% if reasoning_effort is defined %}<{{ reasoning_effort }}>{% endif %}"
+    )
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "system": "S.",
+        "thinking": {"type": "disabled"},
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": "R."},
+            {"role": "user", "content": "q2"},
+        ],
+    }
+    req = parse_body(new_request({}, "/v1/messages", "POST"), _json.dumps(body).encode())
+    tok = Tok(source)
+    encode_request(req, tok)
+    # merged (the template refuses a second system message); effort "none" is rendered
+    # differently from the others here, so thinking disabled stays "none"
+    assert tok.texts == ["[system]S.R.[user]q[user]q2<none>"]

@@ -6,6 +6,7 @@ import pytest
 
 from epp.errors import EppError
 from epp.headers import FAIRNESS_ID, MODEL_REWRITE, OBJECTIVE, REQUEST_ID
+from epp.media import from_url
 from epp.request import (
     API_CHAT,
     API_COMPLETIONS,
@@ -69,7 +70,11 @@ def test_chat_with_string_and_content_parts():
         "/v1/chat/completions",
     )
     assert r.api == API_CHAT
-    assert r.prompt_text == "<|system|>\nbe brief\n<|user|>\nhi there\n"
+    # The image enters the text at its place, keyed by a digest of its URL (epp.media).
+    marker = from_url("image", "x").marker
+    assert r.prompt_text == f"<|system|>\nbe brief\n<|user|>\nhi {marker}there\n"
+    assert r.media == (from_url("image", "x"),)
+    assert r.media_at == r.prompt_text.index(marker)
     assert r.max_tokens == 5
 
 

@@ -116,3 +116,93 @@ def test_large_json_body_keeps_only_its_tail_and_still_finds_usage():
     no_usage.feed(json.dumps({"choices": [{"text": "x" * 100}]}).encode(), 1.0)
     no_usage.finish(1.0)
     assert no_usage.usage is None and no_usage.first_token_at == 1.0
+
+
+# ---- Anthropic's Messages API (bytes as vLLM 0.32 sent them on the tiny model) --------
+MESSAGES_STREAM = (
+    b'event: message_start\ndata: {"type":"message_start","message":'
+    b'{"id":"chatcmpl-a748ab7c443095b0",'
+    b'"type":"message","role":"assistant","content":[],"model":"tiny","stop_reason":null,'
+    b'"stop_sequence":null,"usage":{"input_tokens":39,"output_tokens":0}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","content_block":'
+    b'{"type":"text","text":""},"index":0}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+    b'{"type":"text_delta","text":" gener"},"index":0}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+    b'{"type":"text_delta","text":""},"index":0}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+    b'{"type":"text_delta","text":"================"},"index":0}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"max_tokens",'
+    b'"stop_sequence":null},"usage":{"input_tokens":7,"output_tokens":3,'
+    b'"cache_creation_input_tokens":0,"cache_read_input_tokens":32}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+MESSAGES_BODY = (
+    b'{"id":"chatcmpl-9d78aae75ea77654","type":"message","role":"assistant","content":'
+    b'[{"type":"text","text":" structuresxed Set"}],"model":"tiny","stop_reason":"max_tokens",'
+    b'"usage":{"input_tokens":7,"output_tokens":3,"cache_creation_input_tokens":0,'
+    b'"cache_read_input_tokens":32}}'
+)
+
+
+def test_messages_stream_first_token_itl_and_anthropic_usage():
+    m = ResponseMeter(streamed=True)
+    events = MESSAGES_STREAM.split(b"\n\n")
+    # message_start and content_block_start carry no output; the first text delta does
+    assert m.feed(events[0] + b"\n\n", 1.0) is False
+    assert m.feed(events[1] + b"\n\n", 1.1) is False
+    assert m.feed(events[2] + b"\n\n", 1.5) is True
+    m.feed(events[3] + b"\n\n", 1.6)  # an empty delta (a token that decoded to nothing)
+    m.feed(events[4] + b"\n\n", 2.1)
+    m.feed(b"\n\n".join(events[5:]), 2.2)  # stop, message_delta (usage), message_stop
+    m.finish(2.3)
+    assert (m.first_token_at, m.last_token_at, m.token_events) == (1.5, 2.1, 2)
+    # prompt = input_tokens + cache reads + cache writes; cached = the reads
+    assert m.usage == Usage(39, 3, 32)
+    assert m.itl_s() == pytest.approx(0.3)  # (2.1 − 1.5) / (3 − 1)
+    assert m.error_status == 0
+
+
+def test_messages_stream_split_anywhere_reads_the_same():
+    for cut in range(1, len(MESSAGES_STREAM), 37):
+        m = ResponseMeter(streamed=True)
+        m.feed(MESSAGES_STREAM[:cut], 1.0)
+        m.feed(MESSAGES_STREAM[cut:], 2.0)
+        m.finish(3.0)
+        assert m.usage == Usage(39, 3, 32) and m.token_events == 2
+
+
+def test_messages_body_usage_and_errors():
+    m = ResponseMeter(streamed=False)
+    m.feed(MESSAGES_BODY, 1.0)
+    assert m.finish(2.0) is True
+    assert m.usage == Usage(39, 3, 32) and m.error_status == 0
+    err = b'{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}'
+    m = ResponseMeter(streamed=False)
+    m.feed(err, 1.0)
+    m.finish(2.0)
+    assert m.error_status == 429
+    m = ResponseMeter(streamed=False)
+    m.feed(b'{"type":"error","error":{"type":["odd"],"message":"x"}}', 1.0)
+    m.finish(2.0)
+    assert m.error_status == 500  # an unknown error type is a 500, never a crash
+    m = ResponseMeter(streamed=True)
+    m.feed(
+        b'event: error\ndata: {"type":"error","error":{"type":"internal_error","message":"x"}}\n\n',
+        1.0,
+    )
+    m.finish(2.0)
+    assert m.error_status == 500
+    tool = (
+        b'data: {"type":"content_block_delta","delta":'
+        b'{"type":"input_json_delta","partial_json":"{\\"a"}}\n\n'
+    )
+    m = ResponseMeter(streamed=True)
+    assert m.feed(tool, 1.0) is True  # tool input counts as output
+    think = (
+        b'data: {"type":"content_block_delta","delta":'
+        b'{"type":"thinking_delta","thinking":"hm"}}\n\n'
+    )
+    m = ResponseMeter(streamed=True)
+    assert m.feed(think, 1.0) is True

@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 
+from epp.media import PLACEHOLDER
 from epp.request import new_request as epp_request
 from epp.request import parse_body
 from epp.sim.chat import render_default
@@ -158,14 +159,22 @@ CHATS = [
 
 @pytest.mark.parametrize("messages", CHATS)
 def test_chat_rendering_is_the_epps(messages: list) -> None:
-    """The sim must tokenize exactly what the EPP tokenizes, or prefix routing misses."""
+    """The sim must tokenize exactly what the EPP tokenizes, or prefix routing misses:
+    the same text, except that a media item is the EPP's marker (its digest) and the
+    sim's placeholder (the same for every item, as vLLM's; the item's identity goes into
+    the sim's block hashes), which have the same length in tokens."""
     epp = parse_body(
         epp_request({}, "/v1/chat/completions", "POST"),
         __import__("json").dumps({"model": "tiny", "messages": messages}).encode(),
     )
-    assert render_default(messages) == epp.prompt_text
+    text = epp.prompt_text
+    for item in epp.media:
+        text = text.replace(item.marker, PLACEHOLDER)
+        assert len(SIMPLE.encode(item.marker)) == len(SIMPLE.encode(PLACEHOLDER))
+    assert render_default(messages) == text
     req = parse("chat", {"messages": messages}, CONFIG)
-    assert req.prompts == (tuple(SIMPLE.encode(epp.prompt_text)),)
+    assert req.prompts == (tuple(SIMPLE.encode(text)),)
+    assert [f[0] for f in req.mm] == [item.digest for item in epp.media]
 
 
 def test_chat_validation() -> None:

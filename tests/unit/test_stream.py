@@ -393,3 +393,52 @@ def test_an_unexpected_error_outside_any_plugin_is_a_clean_immediate_response():
     assert s.phase is Phase.REJECTED
     s.close()
     assert all(ds.inflight(e.name) == (0, 0) for e in ds.endpoints())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"),
+    [
+        (
+            "/v1/messages",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/messages",
+            {"model": "other", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]},
+            404,
+            "not served",
+        ),
+        ("/v1/messages/count_tokens", {"model": "other", "messages": []}, 404, "not served"),
+    ],
+)
+def test_messages_errors_come_in_anthropics_shape(path, body, status, fragment):
+    director, _ = make_director(models=["m"])
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg({**BASE_HEADERS, ":path": path}))
+    (resp,) = s.handle(body_msg(json.dumps(body).encode(), True))
+    ir = resp.immediate_response
+    assert ir.status.code == status
+    shaped = json.loads(ir.body)
+    assert shaped["type"] == "error" and set(shaped["error"]) == {"type", "message"}
+    assert fragment in shaped["error"]["message"]
+    want = "invalid_request_error" if status == 400 else "not_found_error"
+    assert shaped["error"]["type"] == want
+
+
+def test_a_messages_request_is_routed_with_its_prompt():
+    director, _ = make_director(models=["m"])
+    s = RequestStream(director, 1 << 20)
+    s.handle(headers_msg({**BASE_HEADERS, ":path": "/v1/messages"}))
+    body = {
+        "model": "m",
+        "max_tokens": 7,
+        "system": "S" * 400,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    (resp, *_) = s.handle(body_msg(json.dumps(body).encode(), True))
+    assert resp.HasField("request_headers")
+    assert s.request is not None and s.request.api == "messages"
+    assert s.request.prompt_tokens_estimate >= 100 and s.request.max_tokens == 7
+    s.close()
