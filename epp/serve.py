@@ -65,6 +65,7 @@ from epp.extproc.server import (
 )
 from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.eviction import new_evictor
 from epp.flowcontrol.metrics import register_flow_control
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
@@ -184,6 +185,10 @@ class EppServer:
             self.director.flow_control = FlowController(
                 flow, detector, self.datastore, options.objectives, options.pool_name
             )
+            if flow.enable_eviction:
+                self.director.flow_control.eviction = new_evictor(
+                    detector, options.pool_name, options.refresh_metrics_interval
+                )
         # The status page's recent decisions (`/` on the metrics port): one append per pick.
         self.decisions = DecisionRing()
         self.director.decision_sinks.append(self.decisions.record)

@@ -74,6 +74,11 @@ class FlowControlParams:
     usage_limit_policy_plugin_ref: str = param(
         "", doc="static-usage-limit-policy (threshold 1.0: dispatch while saturation < 1)"
     )
+    enable_eviction: bool = param(
+        False,
+        doc="stop running sheddable requests (priority < 0) when requests of higher "
+        "priority wait on a saturated pool (llm-d-router's enableEviction)",
+    )
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class FlowControlConfig:
     # a sheddable request passes only below `sheddable_ceiling` (≤ ceiling).
     ceiling: float = 1.0
     sheddable_ceiling: float = 1.0
+    enable_eviction: bool = False
 
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -178,6 +184,7 @@ def parse_flow_control(
         default_band=_band(p.default_priority_band, "flowControl.defaultPriorityBand", resolve),
         ceiling=ceiling,
         sheddable_ceiling=sheddable,
+        enable_eviction=p.enable_eviction,
     )
 
 
