@@ -48,6 +48,7 @@ from epp.datalayer.k8s_discovery import (
     load_api_client,
 )
 from epp.datalayer.k8s_pods import PoolSpecError
+from epp.datalayer.k8s_resources import KubeObjectives, merged_objectives
 from epp.datalayer.loopclock import LoopClock
 from epp.datalayer.scrape_thread import ScraperThread
 from epp.datalayer.scraper import ScrapeConfig
@@ -78,6 +79,7 @@ from epp.planner.loop import (
     start_live_planner,
     stop_live_planner,
 )
+from epp.rewrite import ModelRewrites, Rewrite, load_rewrites_file
 from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle, PluginImportError
 from epp.status.ring import DecisionRing
@@ -135,6 +137,8 @@ class ServeOptions:
     planner_profile: Profile | None = None
     # Objective name → priority (--objectives); priority < 0 is shed (429) when saturated.
     objectives: Objectives = field(default_factory=Objectives)
+    # InferenceModelRewrites (--model-rewrites; with --pool-name, the cluster's join them).
+    rewrites: list[Rewrite] = field(default_factory=list)
     # Several EPPs with --planner: only the elected one's planner acts (None: always acts).
     election: election_cli.ElectionSpec | None = None
     # TLS on the ext_proc port (--secure-serving / --cert-path); None: plaintext.
@@ -202,6 +206,8 @@ class EppServer:
         self._servers: list = []
         self._watch: asyncio.Task | None = None
         self.discovery: KubernetesDiscovery | None = None
+        self.cluster_objectives: KubeObjectives | None = None
+        self.director.rewrites = ModelRewrites.build(options.rewrites) or None
         self._runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.health_port = 0
@@ -211,6 +217,22 @@ class EppServer:
         self.planner: PlannerThread | None = None
         self.elector: Elector | None = None
         self.health = None
+
+    def _set_cluster_objectives(self, priorities: dict[str, int]) -> None:
+        """The pool's InferenceObjectives changed (on the loop): over --objectives."""
+        objectives = merged_objectives(self.options.objectives, priorities)
+        if self.director.admission is not None:
+            self.director.admission.objectives = objectives
+        if self.director.flow_control is not None:
+            self.director.flow_control.objectives = objectives
+        n = len(objectives.priorities)
+        log.info("objectives: %d (%d from the cluster)", n, len(priorities))
+
+    def _set_cluster_rewrites(self, rewrites: list[Rewrite]) -> None:
+        """The pool's InferenceModelRewrites changed (on the loop): with --model-rewrites."""
+        table = ModelRewrites.build([*self.options.rewrites, *rewrites])
+        self.director.rewrites = table or None
+        log.info("model rewrites: %s", ", ".join(table.names) or "none")
 
     async def start(self) -> None:
         o = self.options
@@ -234,6 +256,15 @@ class EppServer:
                 KubernetesDiscovery, o.kubernetes, self.datastore
             )
             await self.discovery.start()
+            if o.kubernetes.pool_name:
+                self.cluster_objectives = KubeObjectives(
+                    self.discovery.api,
+                    o.kubernetes.namespace,
+                    o.kubernetes.pool_name,
+                    self._set_cluster_objectives,
+                    self._set_cluster_rewrites,
+                )
+                await self.cluster_objectives.start()
         if o.watch_file:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
@@ -343,6 +374,9 @@ class EppServer:
         if self.elector is not None:
             await self.elector.stop()
             self.elector = None
+        if self.cluster_objectives is not None:
+            await self.cluster_objectives.stop()  # before the client it reads with closes
+            self.cluster_objectives = None
         if self.discovery is not None:
             await self.discovery.stop()
             self.discovery = None
@@ -567,6 +601,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "keys; config/planner.yaml is an example). It starts and stops model servers",
     )
     p.add_argument(
+        "--model-rewrites",
+        metavar="FILE",
+        help="InferenceModelRewrite documents (llm-d.ai/v1alpha2): a request's model name → "
+        "weighted target models (canary, A/B), the same target for the same x-request-id; "
+        "with --pool-name the cluster's are read too",
+    )
+    p.add_argument(
         "--objectives",
         metavar="FILE",
         help="objectives file (`objectives: [{name, priority}]` or InferenceObjective "
@@ -652,6 +693,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         planner=planner,
         planner_profile=profile,
         objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),
+        rewrites=load_rewrites_file(args.model_rewrites) if args.model_rewrites else [],
         election=election,
         tls=tls,
     )

@@ -61,6 +61,7 @@ from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.observability import REQUESTS_REFUSED
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
+from epp.rewrite import ModelRewrites
 from epp.scheduling.types import CycleState
 
 log = logging.getLogger("epp.extproc")
@@ -234,7 +235,7 @@ class RequestStream:
             try:
                 outcome: _Parsed | Exception
                 outcome = await asyncio.to_thread(
-                    _parse, self.request, raw, self.body_limits, director
+                    _parse, self.request, raw, self.body_limits, self.director.rewrites, director
                 )
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
@@ -261,7 +262,7 @@ class RequestStream:
             assert self.request is not None
             try:
                 outcome: _Parsed | Exception
-                outcome = _parse(self.request, raw, self.body_limits)
+                outcome = _parse(self.request, raw, self.body_limits, self.director.rewrites)
             except Exception as e:
                 outcome = e
             self._preparsed = (raw, outcome)
@@ -496,7 +497,9 @@ class RequestStream:
         if preparsed is None:
             raw = b"".join(self._chunks)
             self._drop_body()
-            req, new_body, state = _parse(self.request, raw, self.body_limits)
+            req, new_body, state = _parse(
+                self.request, raw, self.body_limits, self.director.rewrites
+            )
         else:
             raw, outcome = preparsed
             self._drop_body()
@@ -568,10 +571,16 @@ def _parse(
     request: InferenceRequest,
     raw: bytes,
     limits: BodyLimits,
+    rewrites: ModelRewrites | None,
     director: Director | None = None,
 ) -> _Parsed:
-    """The request parsed from `raw`, the body to forward if the model changes, and with
-    `director`, its request-only scheduling work done (`Director.prepare`)."""
+    """The request parsed from `raw` (its target model after an InferenceModelRewrite, if
+    one matches), the body to forward if the model changes, and with `director`, its
+    request-only scheduling work done (`Director.prepare`)."""
     req = parse_body(request, raw, limits)
+    if rewrites is not None:
+        target = rewrites.target(req.model, req.request_id)
+        if target is not None:
+            req.target_model = target
     state = director.prepare(req) if director is not None else None
     return req, req.body_for_upstream(), state
