@@ -97,9 +97,12 @@ async def one(http: aiohttp.ClientSession, url: str, r: Req, out_tokens: int) ->
                         res.evicted = True
                     elif res.ttft_ms != res.ttft_ms and line.startswith(b"data: {"):
                         res.ttft_ms = (time.perf_counter() - t0) * 1000
+    except aiohttp.ClientPayloadError:
+        # The response had started, then the stream was reset: an evicted request (its
+        # error event may be lost: aiohttp raises before handing over what it buffered).
+        res.evicted = res.status == 200
     except (TimeoutError, aiohttp.ClientError):
-        if not res.evicted:  # an evicted stream ends with a reset, after its error event
-            res.status = 0
+        res.status = 0
     res.total_ms = (time.perf_counter() - t0) * 1000
     return res
 
@@ -154,6 +157,17 @@ def refusals_within(metrics_url: str, le: float) -> float:
             elif smp.name == name + "_bucket" and float(smp.labels["le"]) == le:
                 within += smp.value
     return within / total if total else float("nan")
+
+
+def epp_counter(metrics_url: str, name: str, reason: str) -> float:
+    """A counter's sample with `reason` on the EPP's /metrics (0 when absent)."""
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == name and smp.labels.get("reason") == reason:
+                return smp.value
+    return 0.0
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -229,7 +243,7 @@ def write_results(
     columns = [
         "setup", "critical TTFT p50 ms", "critical TTFT p90 ms", "critical TTFT p99 ms",
         "critical within SLO", "sheddable served", "sheddable 429", "sheddable evicted",
-        "sheddable requests", "errors",
+        "evicted (EPP count)", "sheddable requests", "errors",
     ]  # fmt: skip
     rows = [
         [
@@ -308,8 +322,12 @@ def main() -> None:
                         counts.append(len(reqs))
                     results = asyncio.run(drive(st.url, reqs, a.out_tokens))
                     in_epp = refusals_within(st.epp_metrics_url, 0.0005)
+                    evicted_in_epp = epp_counter(
+                        st.epp_metrics_url, "epp_requests_refused_total", "evicted-priority"
+                    )
                 row = summarise(results, a.critical_ttft_ms)
                 row["epp_429_within_0.5ms"] = in_epp
+                row["epp_evicted"] = evicted_in_epp
                 rows[setup].append(row)
                 info = {"setup": setup, "repeat": rep, "capacity_rps": capacities[-1]}
                 print(json.dumps({**info, "requests": len(reqs), **row}), flush=True)
@@ -325,7 +343,7 @@ def main() -> None:
     )
     print(
         "| setup | critical TTFT p50 / p90 / p99 ms | critical within SLO | sheddable served "
-        "| sheddable 429 | sheddable evicted | time to 429 p50 / p99 ms "
+        "| sheddable 429 | sheddable evicted (client / EPP) | time to 429 p50 / p99 ms "
         "| 429s decided in the EPP < 0.5 ms | errors |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
@@ -339,7 +357,7 @@ def main() -> None:
             f"| {s} | {r['critical_ttft_p50']:.0f} / {r['critical_ttft_p90']:.0f} / "
             f"{r['critical_ttft_p99']:.0f} | {r['critical_slo']:.1%} "
             f"| {r['sheddable_ok']:.0f} of {r['sheddable_n']:.0f} | {r['sheddable_429']:.0f} "
-            f"| {r['sheddable_evicted']:.0f} "
+            f"| {r['sheddable_evicted']:.0f} / {r['epp_evicted']:.0f} "
             f"| {cell(r['to_429_p50'], '.1f')} / {cell(r['to_429_p99'], '.1f')} "
             f"| {cell(r['epp_429_within_0.5ms'], '.1%')} | {r['errors']:.0f} |"
         )

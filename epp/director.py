@@ -234,6 +234,7 @@ class Director:
         try:
             candidates = self.candidates(request, subset)
             priority = self.admission.admit(request, candidates) if self.admission else 0
+            request.priority = priority
             result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
             labelled(SCHEDULER_ATTEMPTS, "failure", target, "", "", "").inc()  # no pod: as GIE

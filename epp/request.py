@@ -80,6 +80,8 @@ class InferenceRequest:
     objective: str | None = None
     fairness_id: str | None = None
     cache_salt: str | None = None
+    # The objective's priority, set by the director before scheduling (admitters read it).
+    priority: int = 0
 
     @property
     def prompt_tokens_estimate(self) -> int:
