@@ -193,6 +193,12 @@ class EppServer:
                 self.director.flow_control.eviction = new_evictor(
                     detector, options.pool_name, options.refresh_metrics_interval
                 )
+                if not options.response_path or options.response_observer:
+                    log.warning(
+                        "flowControl.enableEviction needs --response-path on: with off or "
+                        "observer the routing stream ends at routing, so a running "
+                        "request cannot be stopped (nothing will be evicted)"
+                    )
         # The status page's recent decisions (`/` on the metrics port): one append per pick.
         self.decisions = DecisionRing()
         self.director.decision_sinks.append(self.decisions.record)

@@ -11,6 +11,8 @@
       - {priority: 100, maxRequests: 500, fairnessPolicyRef: rr,
          orderingPolicyRef: fcfs-ordering-policy}
       usageLimitPolicyPluginRef: static-usage-limit-policy
+      enableEviction: false              # true: running sheddable requests are stopped
+                                         # for waiting higher-priority ones (eviction.py)
 
 Policy references name a plugin under `plugins:` or, as upstream's defaulting does, a
 policy type used with its defaults. Defaults live in the `param()`s below; they differ
