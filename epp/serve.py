@@ -189,16 +189,17 @@ class EppServer:
             self.director.flow_control = FlowController(
                 flow, detector, self.datastore, options.objectives, options.pool_name
             )
-            if flow.enable_eviction:
+            in_path = options.response_path and not options.response_observer
+            if flow.enable_eviction and in_path:
                 self.director.flow_control.eviction = new_evictor(
                     detector, options.pool_name, options.refresh_metrics_interval
                 )
-                if not options.response_path or options.response_observer:
-                    log.warning(
-                        "flowControl.enableEviction needs --response-path on: with off or "
-                        "observer the routing stream ends at routing, so a running "
-                        "request cannot be stopped (nothing will be evicted)"
-                    )
+            elif flow.enable_eviction:
+                log.warning(
+                    "flowControl.enableEviction is ignored: it needs --response-path on "
+                    "(with off or observer the routing stream ends at routing, so a running "
+                    "request cannot be stopped)"
+                )
         # The status page's recent decisions (`/` on the metrics port): one append per pick.
         self.decisions = DecisionRing()
         self.director.decision_sinks.append(self.decisions.record)
