@@ -36,6 +36,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 import urllib.request
@@ -46,6 +47,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from epp.harness.localstack import LocalStack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling bench modules
+from results_json import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "x-gateway-inference-objective"
@@ -225,21 +229,14 @@ def stack(a: argparse.Namespace, setup: str, tmp: Path) -> LocalStack:
     return LocalStack(n_sims=a.sims, sim_args=sim, epp_args=epp)
 
 
-def write_results(
+def results_table(
     a: argparse.Namespace,
     med: dict[str, dict],
     capacities: list[float],
     load_before: tuple[float, ...],
     load_after: tuple[float, ...],
 ) -> None:
-    """The median table in docs/data/results' schema (suite, columns, rows, notes)."""
-    import platform
-    import subprocess
-    import sys
-
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    """The median table as results JSON (`--results`); notes are written by hand after."""
     columns = [
         "setup", "critical TTFT p50 ms", "critical TTFT p90 ms", "critical TTFT p99 ms",
         "critical within SLO", "sheddable served", "sheddable 429", "sheddable evicted",
@@ -255,25 +252,16 @@ def write_results(
             r["sheddable_ok"],
             r["sheddable_429"],
             r["sheddable_evicted"],
+            r["epp_evicted"],
             r["sheddable_n"],
             r["errors"],
         ]
         for setup, r in med.items()
     ]
-    out = {
-        "suite": Path(a.results).stem,
-        "title": "Overload with in-flight eviction on and off",
-        "command": "python " + " ".join(sys.argv),
-        "git_commit": commit,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared; load average "
-        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "columns": columns,
-        "rows": rows,
-        "notes": a.results_notes if hasattr(a, "results_notes") else "",
-        "capacity_rps": [round(c, 2) for c in capacities],
-    }
-    Path(a.results).write_text(json.dumps(out, indent=2) + "\n")
+    write_results(
+        a.results, "Overload with in-flight eviction on and off", columns, rows, "",
+        load_before, load_after, capacity_rps=[round(c, 2) for c in capacities],
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -370,7 +358,7 @@ def main() -> None:
             f"(per repeat: {', '.join(f'{x:.1f}x' for x in ratios)})"
         )
     if a.results:
-        write_results(a, med, capacities, load_before, load_after)
+        results_table(a, med, capacities, load_before, load_after)
     if "flow" in rows and "none" in rows:
         # Paired: each repeat's none / flow ratio (same minute), then their median.
         for q in ("p50", "p90", "p99"):

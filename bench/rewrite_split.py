@@ -13,9 +13,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +23,9 @@ from pathlib import Path
 import aiohttp
 
 from epp.harness.localstack import LocalStack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling bench modules
+from results_json import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,46 +97,26 @@ def main() -> None:
         f"kept their target {kept}; load average {load_before[0]:.1f} → {load_after[0]:.1f}"
     )
     if a.results:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
         within = max(abs(share1 - e1), abs(share2 - e2))
-        out = {
-            "suite": Path(a.results).stem,
-            "title": "Weighted InferenceModelRewrite through Envoy: split and retries",
-            "command": "python " + " ".join(sys.argv),
-            "git_commit": commit,
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared; load average "
-            f"{load_before[0]:.1f} before, {load_after[0]:.1f} after",
-            "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "columns": ["target", "weight share", "requests", "measured share", "off by"],
-            "rows": [
-                [
-                    "llama-v1",
-                    round(e1, 4),
-                    got.count("llama-v1"),
-                    round(share1, 4),
-                    round(share1 - e1, 4),
-                ],
-                [
-                    "llama-v2",
-                    round(e2, 4),
-                    got.count("llama-v2"),
-                    round(share2, 4),
-                    round(share2 - e2, 4),
-                ],
-            ],
-            "notes": (
-                f"{n} requests with random UUID request ids through Envoy → epp serve "
-                f"--model-rewrites (llm-d.ai/v1alpha2 manifest) → two `epp sim`s, one per "
-                f"target. Target: each share within 2 points of its weight; measured "
-                f"{within * 100:.2f} points off at most ({'met' if within <= 0.02 else 'MISSED'}). "
-                f"{kept} of {len(again)} retried ids (same x-request-id) kept their target "
-                "(upstream picks with rand.Intn, so a retry may switch models). "
-                f"{other} requests failed."
-            ),
-        }
-        Path(a.results).write_text(json.dumps(out, indent=2) + "\n")
+        rows = [
+            ["llama-v1", round(e1, 4), got.count("llama-v1"), round(share1, 4),
+             round(share1 - e1, 4)],
+            ["llama-v2", round(e2, 4), got.count("llama-v2"), round(share2, 4),
+             round(share2 - e2, 4)],
+        ]  # fmt: skip
+        notes = (
+            f"{n} requests with random UUID request ids through Envoy → epp serve "
+            f"--model-rewrites (llm-d.ai/v1alpha2 manifest) → two `epp sim`s, one per "
+            f"target. Target: each share within 2 points of its weight; measured "
+            f"{within * 100:.2f} points off at most ({'met' if within <= 0.02 else 'MISSED'}). "
+            f"{kept} of {len(again)} retried ids (same x-request-id) kept their target "
+            f"(upstream picks with rand.Intn, so a retry may switch models). {other} failed."
+        )
+        write_results(
+            a.results, "Weighted InferenceModelRewrite through Envoy: split and retries",
+            ["target", "weight share", "requests", "measured share", "off by"], rows, notes,
+            load_before, load_after,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

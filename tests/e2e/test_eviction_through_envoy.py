@@ -13,7 +13,6 @@ count came back to zero.
 
 import asyncio
 import json
-import re
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +21,7 @@ import pytest
 from epp.harness.localstack import LocalStack
 from tests.e2e.client import send
 from tests.e2e.conftest import SIM_ARGS
+from tests.e2e.test_flow_control_through_envoy import metric
 
 pytestmark = pytest.mark.e2e
 
@@ -64,17 +64,6 @@ def evict_stack(tmp_path_factory):
         yield st
 
 
-async def metric(session, url: str, name: str, **labels: str) -> float:
-    async with session.get(url + "/metrics") as r:
-        text = await r.text()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"{re.escape(name)}(?:{{(.*)}})? (\S+)$", line)
-        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
-
-
 async def running(session, murl: str) -> float:
     return await metric(session, murl, "inference_objective_running_requests")
 
@@ -87,21 +76,41 @@ async def wait_until(cond, what: str, tries: int = 1200) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def stream_events(
-    session, url: str, body: dict, headers: dict
-) -> tuple[int, list[bytes], str]:
-    """A streamed request: its status, the SSE data lines read, and how it ended."""
-    lines: list[bytes] = []
-    data = json.dumps({**body, "stream": True}).encode()
-    hdrs = {"content-type": "application/json", **headers}
-    async with session.post(url + "/v1/completions", data=data, headers=hdrs) as r:
-        try:
-            async for line in r.content:
-                if line.startswith(b"data: "):
-                    lines.append(line.strip())
-        except aiohttp.ClientPayloadError as e:
-            return r.status, lines, f"reset: {e}"
-        return r.status, lines, "complete"
+class RawStream:
+    """A streamed request on a plain socket, so what reaches the client is seen byte for
+    byte (an HTTP library may drop data it buffered when the connection then resets)."""
+
+    def __init__(self, url: str, body: dict, headers: dict) -> None:
+        self.host, port = url.removeprefix("http://").split(":")
+        self.port = int(port)
+        payload = json.dumps({**body, "stream": True}).encode()
+        lines = [
+            "POST /v1/completions HTTP/1.1",
+            f"host: {self.host}",
+            "content-type: application/json",
+            f"content-length: {len(payload)}",
+            *(f"{k}: {v}" for k, v in headers.items()),
+        ]
+        self.request = ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+        self.received = b""
+
+    async def start(self) -> None:
+        """Send, then read until the first token event has arrived."""
+        self.reader, writer = await asyncio.open_connection(self.host, self.port)
+        writer.write(self.request)
+        await writer.drain()
+        self.writer = writer
+        while b"data: {" not in self.received:
+            chunk = await self.reader.read(65536)
+            assert chunk, f"closed before the first token: {self.received!r}"
+            self.received += chunk
+
+    async def finish(self) -> bytes:
+        """Everything until the connection ends."""
+        while chunk := await self.reader.read(65536):
+            self.received += chunk
+        self.writer.close()
+        return self.received
 
 
 async def post(session, url: str, body: dict, headers: dict) -> tuple[int, dict, dict]:
@@ -111,16 +120,11 @@ async def post(session, url: str, body: dict, headers: dict) -> tuple[int, dict,
         return r.status, dict(r.headers), json.loads(await r.read())
 
 
-async def fill(session, url: str, murl: str, n: int, streamed_last: bool) -> list[asyncio.Task]:
-    """`n` long sheddable requests, each running before the next is sent (so the last
-    one is the most recently dispatched)."""
+async def fill(session, url: str, murl: str, n: int) -> list[asyncio.Task]:
+    """`n` long non-streamed sheddable requests, each running before the next is sent."""
     tasks = []
     for i in range(n):
-        if streamed_last and i == n - 1:
-            coro = stream_events(session, url, LONG, SHEDDABLE)
-        else:
-            coro = post(session, url, LONG, SHEDDABLE)
-        tasks.append(asyncio.create_task(coro))
+        tasks.append(asyncio.create_task(post(session, url, LONG, SHEDDABLE)))
         await wait_until(lambda i=i: _at_least(session, murl, i + 1), f"{i + 1} running")
     return tasks
 
@@ -137,12 +141,12 @@ async def test_eviction_before_the_response_starts_is_a_429_with_the_reason(evic
         issued0 = await metric(s, murl, "llm_d_epp_flow_control_revocations_issued_total")
         # 4 slots (2 servers x maxConcurrency 2), 4 non-streamed sheddable requests: their
         # responses start only when they finish, so the victim is still before its response.
-        fillers = await fill(s, url, murl, 4, streamed_last=False)
+        fillers = await fill(s, url, murl, 4)
         critical = await send(s, url, SHORT, headers=CRITICAL)
         # The server was told: Envoy reset the evicted upstream request, the simulator
         # aborted it (as vLLM aborts a request whose client left) and freed its slot,
         # while the three others still run.
-        await wait_until(lambda: _sims_running(s, sims, 3), "the evicted request aborted")
+        await wait_until(lambda: _sims_holding(s, sims, 3), "the evicted request aborted")
         still_running = [not t.done() for t in fillers]
         done = await asyncio.gather(*fillers)
         await wait_until(lambda: _zero(s, murl), "in-flight counts back to 0")
@@ -163,10 +167,12 @@ async def test_eviction_before_the_response_starts_is_a_429_with_the_reason(evic
     assert refused == refused0 + 1 and issued == issued0 + 1 and confirmed >= 1
 
 
-async def _sims_running(session, sims: list[str], n: int) -> bool:
+async def _sims_holding(session, sims: list[str], n: int) -> bool:
+    """The simulators hold `n` requests (running or queued), wherever the EPP put them."""
     total = 0.0
     for u in sims:
         total += await metric(session, u, "vllm:num_requests_running")
+        total += await metric(session, u, "vllm:num_requests_waiting")
     return total == n
 
 
@@ -177,14 +183,17 @@ async def _zero(session, murl: str) -> bool:
 async def test_eviction_of_a_started_stream_names_the_reason_in_an_sse_event(evict_stack):
     url, murl = evict_stack.url, evict_stack.epp_metrics_url
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
-        fillers = await fill(s, url, murl, 4, streamed_last=True)
-        # The victim's stream has started: wait for its first token.
+        fillers = await fill(s, url, murl, 3)
+        victim = RawStream(url, LONG, SHEDDABLE)  # the most recently dispatched
+        await asyncio.wait_for(victim.start(), 60)  # its response has started
         critical = await send(s, url, SHORT, headers=CRITICAL)
+        raw = await asyncio.wait_for(victim.finish(), 60)
         done = await asyncio.gather(*fillers)
         await wait_until(lambda: _zero(s, murl), "in-flight counts back to 0")
     assert critical.status == 200
-    status, lines, ended = done[-1]
-    assert status == 200  # the response had started: its status cannot change
-    assert ended.startswith("reset"), ended
-    assert lines and b'"evicted"' in lines[-1] and b"higher priority" in lines[-1]
-    assert [r[0] for r in done[:3]] == [200, 200, 200]
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")  # the response had started: its status stays
+    events = [line for line in body.split(b"\n") if line.startswith(b"data: ")]
+    assert b'"evicted"' in events[-1] and b"higher priority" in events[-1], events[-3:]
+    assert not body.endswith(b"0\r\n\r\n")  # no chunked terminator: the stream was reset
+    assert [r[0] for r in done] == [200, 200, 200]

@@ -18,26 +18,12 @@ import pytest
 from epp.harness.localstack import LocalStack
 from epp.rewrite import ModelRewrites, load_rewrites_file
 from tests.e2e.conftest import SIM_ARGS
+from tests.unit.test_rewrite import CANARY
 
 pytestmark = pytest.mark.e2e
 
-MANIFEST = """
-apiVersion: llm-d.ai/v1alpha2
-kind: InferenceModelRewrite
-metadata: {name: llama-canary}
-spec:
-  poolRef: {group: inference.networking.k8s.io, name: default}
-  rules:
-  - matches: [{model: {type: Exact, value: llama}}]
-    targets:
-    - {modelRewrite: llama-v1, weight: 90}
-    - {modelRewrite: llama-v2, weight: 10}
----
-apiVersion: llm-d.ai/v1alpha2
-kind: InferenceObjective
-metadata: {name: critical}
-spec: {priority: 100, poolRef: {name: default}}
-"""
+# llm-d-router's shapes: a 90/10 InferenceModelRewrite of `llama`, an objective.
+MANIFEST = CANARY
 
 
 @pytest.fixture(scope="module")

@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-
-import pytest
+from collections.abc import Callable
 
 from epp.datalayer.k8s_discovery import KubeSource, load_api_client
 from epp.datalayer.k8s_reflector import WatchTiming
 from epp.datalayer.k8s_resources import KubeObjectives
 from epp.rewrite import ModelRewrites, Rewrite
 from epp.serve import EppServer, ServeOptions
-from tests.fake_kube import (
-    LEGACY_OBJECTIVES,
-    LEGACY_REWRITES,
-    OBJECTIVES,
-    REWRITES,
-    FakeKubeAPI,
-)
+from tests.fake_kube import LEGACY_OBJECTIVES, LEGACY_REWRITES, OBJECTIVES, REWRITES
+from tests.integration import test_k8s_discovery as discovery
 
-NS = "llm"
+# The fake API server and its kubeconfig: the discovery tests' fixtures.
+NS = discovery.NS
+fake = discovery.fake
+kubeconfig = discovery.kubeconfig
+
 FAST = WatchTiming(backoff_initial=0.05, backoff_max=0.2)
 REF = {"group": "inference.networking.k8s.io", "name": "pool-a"}
 
@@ -59,19 +55,6 @@ async def eventually(pred: Callable[[], bool], what: str, timeout: float = 15.0)
     while not pred():
         assert loop.time() < deadline, f"not within {timeout}s: {what}"
         await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeKubeAPI]:
-    api = FakeKubeAPI()
-    await api.start()
-    yield api
-    await api.stop()
-
-
-@pytest.fixture
-def kubeconfig(fake: FakeKubeAPI, tmp_path: Path) -> str:
-    return fake.kubeconfig(tmp_path / "kubeconfig", NS)
 
 
 async def test_objectives_from_both_groups_the_llm_d_one_winning_a_shared_name(

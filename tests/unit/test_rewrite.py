@@ -15,9 +15,9 @@ from epp.rewrite import ModelRewrites, load_rewrites_file, parse_rewrite, parse_
 CANARY = """
 apiVersion: llm-d.ai/v1alpha2
 kind: InferenceModelRewrite
-metadata: {name: canary, creationTimestamp: "2026-01-02T00:00:00Z"}
+metadata: {name: llama-canary, creationTimestamp: "2026-01-02T00:00:00Z"}
 spec:
-  poolRef: {group: inference.networking.k8s.io, name: pool}
+  poolRef: {group: inference.networking.k8s.io, name: default}
   rules:
   - matches: [{model: {type: Exact, value: llama}}]
     targets:
@@ -27,7 +27,7 @@ spec:
 apiVersion: llm-d.ai/v1alpha2
 kind: InferenceObjective
 metadata: {name: critical}
-spec: {priority: 100, poolRef: {name: pool}}
+spec: {priority: 100, poolRef: {name: default}}
 """
 
 
@@ -123,7 +123,7 @@ def test_a_manifest_with_objectives_and_rewrites_loads_both(tmp_path):
     path = tmp_path / "resources.yaml"
     path.write_text(CANARY)
     rewrites = load_rewrites_file(path)
-    assert [r.name for r in rewrites] == ["canary"] and rewrites[0].pool == "pool"
+    assert [r.name for r in rewrites] == ["llama-canary"] and rewrites[0].pool == "default"
     objectives = parse_objectives(list(yaml.safe_load_all(CANARY)), str(path))
     assert objectives.priorities == {"critical": 100}
 
