@@ -15,6 +15,10 @@ Setups, run in turn within each of `--repeats` repeats (same machine, same minut
 - `none`: the default config and no objectives (no flow control, no objectives);
 - `legacy` (optional): default config + objectives: sheddable 429 when the scraped
   utilization detector says saturated, no queue in the EPP.
+- `evict-off` / `evict-on` (optional): the `flow` config with sheddable requests let
+  through up to full saturation (`sheddableThreshold` 1.0, so they can fill the pool), in-flight
+  eviction off / on (llm-d-router's `flowControl.enableEviction`): with it on, a critical
+  request that finds the pool full of sheddable work evicts the newest of it.
 
 Per setup (median over repeats): critical TTFT p50/p90/p99 and SLO attainment
 (TTFT <= `--critical-ttft-ms`), sheddable served / refused counts, time to the 429
@@ -32,6 +36,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 import urllib.request
@@ -43,8 +48,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.harness.localstack import LocalStack
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling bench modules
+from results_json import write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "x-gateway-inference-objective"
+DROPPED_REASON = "x-llm-d-request-dropped-reason"
 OBJECTIVES = "objectives:\n- {name: critical, priority: 100}\n- {name: batch, priority: -1}\n"
 
 
@@ -61,6 +70,7 @@ class Res:
     status: int = 0  # 0: transport error / timeout
     ttft_ms: float = float("nan")
     total_ms: float = float("nan")
+    evicted: bool = False  # stopped by the EPP's in-flight eviction (429 or SSE error event)
 
 
 def workload(a: argparse.Namespace, rate: float) -> list[Req]:
@@ -84,10 +94,17 @@ async def one(http: aiohttp.ClientSession, url: str, r: Req, out_tokens: int) ->
             res.status = resp.status
             if resp.status != 200:
                 await resp.read()
+                res.evicted = resp.headers.get(DROPPED_REASON, "").startswith("evicted")
             else:
                 async for line in resp.content:
-                    if res.ttft_ms != res.ttft_ms and line.startswith(b"data: {"):
+                    if line.startswith(b'data: {"error"') and b'"evicted"' in line:
+                        res.evicted = True
+                    elif res.ttft_ms != res.ttft_ms and line.startswith(b"data: {"):
                         res.ttft_ms = (time.perf_counter() - t0) * 1000
+    except aiohttp.ClientPayloadError:
+        # The response had started, then the stream was reset: an evicted request (its
+        # error event may be lost: aiohttp raises before handing over what it buffered).
+        res.evicted = res.status == 200
     except (TimeoutError, aiohttp.ClientError):
         res.status = 0
     res.total_ms = (time.perf_counter() - t0) * 1000
@@ -146,6 +163,17 @@ def refusals_within(metrics_url: str, le: float) -> float:
     return within / total if total else float("nan")
 
 
+def epp_counter(metrics_url: str, name: str, reason: str) -> float:
+    """A counter's sample with `reason` on the EPP's /metrics (0 when absent)."""
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == name and smp.labels.get("reason") == reason:
+                return smp.value
+    return 0.0
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(x for x in xs if x == x)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -154,8 +182,8 @@ def pct(xs: list[float], q: float) -> float:
 def summarise(results: list[Res], slo_ms: float) -> dict:
     crit = [r for r in results if r.req.critical]
     shed = [r for r in results if not r.req.critical]
-    ttft = [r.ttft_ms for r in crit if r.status == 200]
-    refused = [r.total_ms for r in shed if r.status == 429]
+    ttft = [r.ttft_ms for r in crit if r.status == 200 and not r.evicted]
+    refused = [r.total_ms for r in shed if r.status == 429 and not r.evicted]
     return {
         "critical_n": len(crit),
         "critical_ok": len(ttft),
@@ -165,12 +193,14 @@ def summarise(results: list[Res], slo_ms: float) -> dict:
         "critical_slo": sum(r.status == 200 and r.ttft_ms <= slo_ms for r in crit)
         / max(1, len(crit)),
         "sheddable_n": len(shed),
-        "sheddable_ok": sum(r.status == 200 for r in shed),
+        "sheddable_ok": sum(r.status == 200 and not r.evicted for r in shed),
         "sheddable_ttft_p90": pct([r.ttft_ms for r in shed if r.status == 200], 0.9),
         "sheddable_429": len(refused),
+        "sheddable_evicted": sum(r.evicted for r in shed),
+        "critical_evicted": sum(r.evicted for r in crit),
         "to_429_p50": pct(refused, 0.5),
         "to_429_p99": pct(refused, 0.99),
-        "errors": sum(r.status not in (200, 429) for r in results),
+        "errors": sum(r.status not in (200, 429) and not r.evicted for r in results),
     }
 
 
@@ -179,16 +209,59 @@ def stack(a: argparse.Namespace, setup: str, tmp: Path) -> LocalStack:
     sim += ["--prefill-ms-per-token", str(a.prefill_ms)]
     objectives = tmp / "objectives.yaml"
     objectives.write_text(OBJECTIVES)
-    if setup == "flow":
+    if setup in ("flow", "evict-off", "evict-on"):
         text = (ROOT / "config" / "flow-control.yaml").read_text()
-        cfg = tmp / "flow-control.yaml"
-        cfg.write_text(text.replace("maxConcurrency: 16", f"maxConcurrency: {a.max_num_seqs}"))
+        text = text.replace("maxConcurrency: 16", f"maxConcurrency: {a.max_num_seqs}")
+        if setup != "flow":
+            text = text.replace("sheddableThreshold: 0.75", "sheddableThreshold: 1.0")
+            on = "true" if setup == "evict-on" else "false"
+            text = text.replace(
+                "  usageLimitPolicyPluginRef:",
+                f"  enableEviction: {on}\n  usageLimitPolicyPluginRef:",
+            )
+        cfg = tmp / f"{setup}.yaml"
+        cfg.write_text(text)
         epp = ["--config", str(cfg), "--objectives", str(objectives)]
     elif setup == "legacy":
         epp = ["--objectives", str(objectives)]
     else:
         epp = []
     return LocalStack(n_sims=a.sims, sim_args=sim, epp_args=epp)
+
+
+def results_table(
+    a: argparse.Namespace,
+    med: dict[str, dict],
+    capacities: list[float],
+    load_before: tuple[float, ...],
+    load_after: tuple[float, ...],
+) -> None:
+    """The median table as results JSON (`--results`); notes are written by hand after."""
+    columns = [
+        "setup", "critical TTFT p50 ms", "critical TTFT p90 ms", "critical TTFT p99 ms",
+        "critical within SLO", "sheddable served", "sheddable 429", "sheddable evicted",
+        "evicted (EPP count)", "sheddable requests", "errors",
+    ]  # fmt: skip
+    rows = [
+        [
+            setup,
+            round(r["critical_ttft_p50"]),
+            round(r["critical_ttft_p90"]),
+            round(r["critical_ttft_p99"]),
+            round(r["critical_slo"], 3),
+            r["sheddable_ok"],
+            r["sheddable_429"],
+            r["sheddable_evicted"],
+            r["epp_evicted"],
+            r["sheddable_n"],
+            r["errors"],
+        ]
+        for setup, r in med.items()
+    ]
+    write_results(
+        a.results, "Overload with in-flight eviction on and off", columns, rows, "",
+        load_before, load_after, capacity_rps=[round(c, 2) for c in capacities],
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -211,6 +284,7 @@ def main() -> None:
     p.add_argument("--critical-ttft-ms", type=float, default=1000.0)
     p.add_argument("--duration-s", type=float, default=40.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--results", default="", help="write the median table as results JSON")
     a = p.parse_args()
     setups = a.setups.split(",")
     load_before = os.getloadavg()
@@ -236,8 +310,12 @@ def main() -> None:
                         counts.append(len(reqs))
                     results = asyncio.run(drive(st.url, reqs, a.out_tokens))
                     in_epp = refusals_within(st.epp_metrics_url, 0.0005)
+                    evicted_in_epp = epp_counter(
+                        st.epp_metrics_url, "epp_requests_refused_total", "evicted-priority"
+                    )
                 row = summarise(results, a.critical_ttft_ms)
                 row["epp_429_within_0.5ms"] = in_epp
+                row["epp_evicted"] = evicted_in_epp
                 rows[setup].append(row)
                 info = {"setup": setup, "repeat": rep, "capacity_rps": capacities[-1]}
                 print(json.dumps({**info, "requests": len(reqs), **row}), flush=True)
@@ -253,10 +331,10 @@ def main() -> None:
     )
     print(
         "| setup | critical TTFT p50 / p90 / p99 ms | critical within SLO | sheddable served "
-        "| sheddable 429 | time to 429 p50 / p99 ms | 429s decided in the EPP < 0.5 ms "
-        "| errors |"
+        "| sheddable 429 | sheddable evicted (client / EPP) | time to 429 p50 / p99 ms "
+        "| 429s decided in the EPP < 0.5 ms | errors |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
 
     def cell(x: float, spec: str) -> str:
         # A setup that refused nothing has no time to a 429: a dash, not "nan".
@@ -267,9 +345,20 @@ def main() -> None:
             f"| {s} | {r['critical_ttft_p50']:.0f} / {r['critical_ttft_p90']:.0f} / "
             f"{r['critical_ttft_p99']:.0f} | {r['critical_slo']:.1%} "
             f"| {r['sheddable_ok']:.0f} of {r['sheddable_n']:.0f} | {r['sheddable_429']:.0f} "
+            f"| {r['sheddable_evicted']:.0f} / {r['epp_evicted']:.0f} "
             f"| {cell(r['to_429_p50'], '.1f')} / {cell(r['to_429_p99'], '.1f')} "
             f"| {cell(r['epp_429_within_0.5ms'], '.1%')} | {r['errors']:.0f} |"
         )
+    if "evict-on" in rows and "evict-off" in rows:
+        key = "critical_ttft_p90"
+        pairs = zip(rows["evict-on"], rows["evict-off"], strict=True)
+        ratios = [off[key] / on[key] for on, off in pairs]
+        print(
+            f"evict-off / evict-on, critical TTFT p90: median {statistics.median(ratios):.1f}x "
+            f"(per repeat: {', '.join(f'{x:.1f}x' for x in ratios)})"
+        )
+    if a.results:
+        results_table(a, med, capacities, load_before, load_after)
     if "flow" in rows and "none" in rows:
         # Paired: each repeat's none / flow ratio (same minute), then their median.
         for q in ("p50", "p90", "p99"):

@@ -67,8 +67,8 @@ def parse_objectives(docs: Sequence[Any], source: str) -> Objectives:
         out[name] = prio
 
     for d, doc in enumerate(docs):
-        if doc is None:
-            continue
+        if doc is None or (isinstance(doc, Mapping) and doc.get("kind") == "InferenceModelRewrite"):
+            continue  # one manifest may hold rewrites too (epp serve --model-rewrites)
         if isinstance(doc, Mapping) and doc.get("kind") == "InferenceObjective":
             meta, spec = doc.get("metadata") or {}, doc.get("spec") or {}
             add(meta.get("name"), spec.get("priority", 0), f"[{d}].metadata")

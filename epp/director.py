@@ -44,6 +44,7 @@ from epp.scheduling.types import (
 
 if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
+    from epp.rewrite import ModelRewrites
 
 log = logging.getLogger("epp.director")
 
@@ -120,6 +121,9 @@ class Director:
         # Flow control (epp/flowcontrol/): the stream waits in it before `route`; told
         # here whenever a request ends, since that may free capacity.
         self.flow_control: FlowController | None = None
+        # InferenceModelRewrite rules (epp/rewrite.py), None when there are none; replaced
+        # whole when they change (a worker thread parsing a request may be reading it).
+        self.rewrites: ModelRewrites | None = None
         # Called with (request, result) after each successful pick (the status page's
         # ring of recent decisions, epp/status/ring.py). Must be quick: no copying here.
         self.decision_sinks: list[Callable[[InferenceRequest, SchedulingResult], None]] = []
@@ -230,6 +234,7 @@ class Director:
         try:
             candidates = self.candidates(request, subset)
             priority = self.admission.admit(request, candidates) if self.admission else 0
+            request.priority = priority
             result = self.scheduler.schedule(request, candidates, state)
         except EppError as e:
             labelled(SCHEDULER_ATTEMPTS, "failure", target, "", "", "").inc()  # no pod: as GIE

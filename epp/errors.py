@@ -38,6 +38,29 @@ _ANTHROPIC_TYPES = {
     503: "overloaded_error",
 }
 
+# Why a request was dropped, in llm-d-router's vocabulary (`pkg/common/error/error.go`,
+# `RequestDroppedReason`): every 429 and 503 the EPP answers names one in the response
+# header `x-llm-d-request-dropped-reason` and in `epp_requests_refused_total{reason}`.
+# "rejected-*": the request never reached a model server; "evicted-*": it was running
+# and was stopped. `rejected-body-buffer-full` is this project's own (upstream has no
+# server-wide body budget).
+SATURATED = "rejected-saturated"
+NO_ENDPOINTS = "rejected-no-endpoints"
+TTL_EXPIRED = "rejected-ttl-expired"
+CONTEXT_CANCELLED = "rejected-context-cancelled"
+SHUTTING_DOWN = "rejected-shutting-down"
+BODY_BUFFER_FULL = "rejected-body-buffer-full"
+EVICTED = "evicted"
+EVICTED_PRIORITY = "evicted-priority"
+
+# The reason each refusal code implies, so no call site has to repeat it.
+_REASON_BY_CODE = {
+    "too_many_requests": SATURATED,
+    "no_endpoint_available": NO_ENDPOINTS,
+    "queue_timeout": TTL_EXPIRED,
+    "body_buffer_full": BODY_BUFFER_FULL,
+}
+
 
 @dataclass
 class EppError(Exception):
@@ -47,6 +70,21 @@ class EppError(Exception):
     # The client's API shapes the body: a /v1/messages client reads Anthropic's
     # `{"type": "error", "error": {"type", "message"}}` (set where the path is known).
     anthropic: bool = False
+    # The dropped reason (above) for a 429/503; empty: the one its `code` implies.
+    reason: str = ""
+
+    @property
+    def dropped_reason(self) -> str:
+        """The `x-llm-d-request-dropped-reason` value: set for every 429 and 503 (a 503
+        of no known cause is `rejected-no-endpoints`, a 429 `rejected-saturated`), empty
+        for other statuses."""
+        if self.status not in (429, 503):
+            return self.reason
+        return (
+            self.reason
+            or _REASON_BY_CODE.get(self.code, "")
+            or (SATURATED if self.status == 429 else NO_ENDPOINTS)
+        )
 
     def __str__(self) -> str:
         return f"{self.status}: {self.message}"

@@ -34,5 +34,10 @@ LB_METADATA_NAMESPACE = "envoy.lb"
 SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
 
+# On every 429/503 the EPP answers (and on an evicted request's reset): why, in
+# llm-d-router's vocabulary (`pkg/common/error/error.go` RequestDroppedReasonHeaderKey;
+# the values are epp/errors.py's).
+DROPPED_REASON = "x-llm-d-request-dropped-reason"
+
 # Response header naming the simulator replica that answered (`epp sim`).
 SIM_SERVER = "x-sim-server"

@@ -150,6 +150,16 @@ RESPONSE_LOG_ENTRIES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+# Every answer the EPP gives instead of routing (ImmediateResponse) and every running
+# request it evicts, by why: a 429/503's `x-llm-d-request-dropped-reason` (epp/errors.py,
+# llm-d-router's vocabulary), any other status's error code (bad_request, ...). Both are
+# fixed strings in the code, never client text.
+REQUESTS_REFUSED = Counter(
+    "epp_requests_refused",
+    "Requests the EPP refused or evicted, by dropped reason (429/503) or error code.",
+    ["reason"],
+    registry=REGISTRY,
+)
 REQUEST_ERRORS = Counter(
     "inference_objective_request_error",
     "Requests refused by the EPP, by error code.",

@@ -128,6 +128,9 @@ class InferenceRequest:
         the session key (as llm-d falls back to the agent identity)."""
         return self.fairness_id or self.session_key
 
+    # The objective's priority, set by the director before scheduling (admitters read it).
+    priority: int = 0
+
     @property
     def prompt_tokens_estimate(self) -> int:
         """Prompt length in tokens: exact for token-id prompts, else characters / 4

@@ -32,6 +32,7 @@ from epp.datalayer.endpoints_file import EndpointsError, watch_endpoints_file
 from epp.datalayer.first_scrape import await_first_scrape
 from epp.datalayer.k8s_discovery import KubeConfigError, KubernetesDiscovery
 from epp.datalayer.k8s_pods import PoolSpecError
+from epp.datalayer.k8s_resources import KubeObjectives, merged_objectives
 from epp.datalayer.loopclock import LoopClock
 from epp.datalayer.scrape_thread import ScraperThread
 from epp.datalayer.scraper import ScrapeConfig
@@ -43,6 +44,7 @@ from epp.extproc.access_log import route_table
 from epp.extproc.server import start_grpc_servers
 from epp.extproc.tls import TlsError
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.eviction import new_evictor
 from epp.flowcontrol.metrics import register_flow_control
 from epp.metrics_http import start_metrics_http
 from epp.observability import register_pool, set_build_info
@@ -54,6 +56,7 @@ from epp.planner.live.loop import (
     start_live_planner,
     stop_live_planner,
 )
+from epp.rewrite import ModelRewrites, Rewrite
 from epp.scheduling.interfaces import Lifecycle
 from epp.scheduling.registry import Handle, PluginImportError
 from epp.serve_args import add_arguments, options_from_args
@@ -111,6 +114,21 @@ class EppServer:
             self.director.flow_control = FlowController(
                 flow, detector, self.datastore, options.objectives, options.pool_name
             )
+            # Eviction stops a running request on its routing stream, which only the
+            # in-path response mode keeps open past routing.
+            in_path = (
+                options.response_path and not options.response_observer and not options.response_log
+            )
+            if flow.enable_eviction and in_path:
+                self.director.flow_control.eviction = new_evictor(
+                    detector, options.pool_name, options.refresh_metrics_interval
+                )
+            elif flow.enable_eviction:
+                log.warning(
+                    "flowControl.enableEviction is ignored: it needs --response-path on "
+                    "(with log, off or observer the routing stream ends at routing, so a "
+                    "running request cannot be stopped)"
+                )
         # The status page's recent decisions (`/` on the metrics port): one append per pick.
         self.decisions = DecisionRing()
         self.director.decision_sinks.append(self.decisions.record)
@@ -124,6 +142,8 @@ class EppServer:
         self._servers: list = []
         self._watch: asyncio.Task | None = None
         self.discovery: KubernetesDiscovery | None = None
+        self.cluster_objectives: KubeObjectives | None = None
+        self.director.rewrites = ModelRewrites.build(options.rewrites) or None
         self._runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.health_port = 0
@@ -133,6 +153,22 @@ class EppServer:
         self.planner: PlannerThread | None = None
         self.elector: Elector | None = None
         self.health = None
+
+    def _set_cluster_objectives(self, priorities: dict[str, int]) -> None:
+        """The pool's InferenceObjectives changed (on the loop): over --objectives."""
+        objectives = merged_objectives(self.options.objectives, priorities)
+        if self.director.admission is not None:
+            self.director.admission.objectives = objectives
+        if self.director.flow_control is not None:
+            self.director.flow_control.objectives = objectives
+        n = len(objectives.priorities)
+        log.info("objectives: %d (%d from the cluster)", n, len(priorities))
+
+    def _set_cluster_rewrites(self, rewrites: list[Rewrite]) -> None:
+        """The pool's InferenceModelRewrites changed (on the loop): with --model-rewrites."""
+        table = ModelRewrites.build([*self.options.rewrites, *rewrites])
+        self.director.rewrites = table or None
+        log.info("model rewrites: %s", ", ".join(table.names) or "none")
 
     async def start(self) -> None:
         o = self.options
@@ -156,6 +192,15 @@ class EppServer:
                 KubernetesDiscovery, o.kubernetes, self.datastore
             )
             await self.discovery.start()
+            if o.kubernetes.pool_name:
+                self.cluster_objectives = KubeObjectives(
+                    self.discovery.api,
+                    o.kubernetes.namespace,
+                    o.kubernetes.pool_name,
+                    self._set_cluster_objectives,
+                    self._set_cluster_rewrites,
+                )
+                await self.cluster_objectives.start()
         if o.watch_file:
             self._watch = asyncio.create_task(
                 watch_endpoints_file(o.watch_file, self.datastore, extra=o.extra_endpoints)
@@ -279,6 +324,9 @@ class EppServer:
         if self.elector is not None:
             await self.elector.stop()
             self.elector = None
+        if self.cluster_objectives is not None:
+            await self.cluster_objectives.stop()  # before the client it reads with closes
+            self.cluster_objectives = None
         if self.discovery is not None:
             await self.discovery.stop()
             self.discovery = None

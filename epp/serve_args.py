@@ -28,6 +28,7 @@ from epp.extproc.server import (
 from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.limits import BodyLimits, HeaderLimits
 from epp.planner.live.loading import load_planner, planner_statefile
+from epp.rewrite import load_rewrites_file
 from epp.scheduling.registry import Handle
 from epp.serve_options import DEFAULT_MAX_SCRAPE_INTERVAL, ServeOptions
 from epp.session_key import parse_sources
@@ -206,6 +207,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "keys; config/planner.yaml is an example). It starts and stops model servers",
     )
     p.add_argument(
+        "--model-rewrites",
+        metavar="FILE",
+        help="InferenceModelRewrite documents (llm-d.ai/v1alpha2): a request's model name → "
+        "weighted target models (canary, A/B), the same target for the same x-request-id; "
+        "with --pool-name the cluster's are read too",
+    )
+    p.add_argument(
         "--objectives",
         metavar="FILE",
         help="objectives file (`objectives: [{name, priority}]` or InferenceObjective "
@@ -293,6 +301,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         planner=planner,
         planner_profile=profile,
         objectives=load_objectives_file(args.objectives) if args.objectives else Objectives(),
+        rewrites=load_rewrites_file(args.model_rewrites) if args.model_rewrites else [],
         election=election,
         tls=tls,
     )

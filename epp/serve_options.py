@@ -16,6 +16,7 @@ from epp.election import cli as election_cli
 from epp.extproc.access_log import RESPONSE_LOG_TIMEOUT
 from epp.extproc.server import StreamLimits
 from epp.extproc.tls import ServerCert
+from epp.rewrite import Rewrite
 
 if TYPE_CHECKING:
     from epp.planner.core.config import PlannerConfig
@@ -72,6 +73,8 @@ class ServeOptions:
     planner_profile: Profile | None = None
     # Objective name → priority (--objectives); priority < 0 is shed (429) when saturated.
     objectives: Objectives = field(default_factory=Objectives)
+    # InferenceModelRewrites (--model-rewrites; with --pool-name, the cluster's join them).
+    rewrites: list[Rewrite] = field(default_factory=list)
     # Several EPPs with --planner: only the elected one's planner acts (None: always acts).
     election: election_cli.ElectionSpec | None = None
     # TLS on the ext_proc port (--secure-serving / --cert-path); None: plaintext.

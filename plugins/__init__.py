@@ -20,6 +20,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.flowcontrol.policies",
     "plugins.filters.prefix_affinity",
     "plugins.filters.roles",
+    "plugins.latency.admitter",
     "plugins.latency.producer",
     "plugins.latency.scorer",
     "plugins.latency.tier_filter",

@@ -1,9 +1,11 @@
 """A FAKE Kubernetes API server (aiohttp on loopback) for the discovery tests.
 
-No real API server can run on the test machine, so this serves the two resources the EPP
+No real API server can run on the test machine, so this serves the resources the EPP
 watches, pods (`/api/v1/namespaces/NS/pods`) and GIE InferencePools
-(`/apis/inference.networking.k8s.io/v1/namespaces/NS/inferencepools`), the way the real
-one does, as far as a list/watch client can tell:
+(`/apis/inference.networking.k8s.io/v1/namespaces/NS/inferencepools`), InferenceObjectives
+and InferenceModelRewrites in `llm-d.ai/v1alpha2` and `inference.networking.x-k8s.io/
+v1alpha2` (`put_custom`; `missing` makes one answer 404 as an uninstalled CRD does), the
+way the real one does, as far as a list/watch client can tell:
 
 - every write bumps one global `resourceVersion`; lists return it in
   `metadata.resourceVersion`, each object carries its own;
@@ -47,6 +49,24 @@ PODS = "pods"
 POOLS = "inferencepools"
 LEASES = "leases"
 LEASE_GROUP = "coordination.k8s.io"
+# InferenceObjective / InferenceModelRewrite in llm-d-router's group and GIE's old one:
+# resource key → (group, version, plural, kind).
+OBJECTIVES = "inferenceobjectives.llm-d.ai"
+REWRITES = "inferencemodelrewrites.llm-d.ai"
+LEGACY_OBJECTIVES = "inferenceobjectives.inference.networking.x-k8s.io"
+LEGACY_REWRITES = "inferencemodelrewrites.inference.networking.x-k8s.io"
+CUSTOM = {
+    POOLS: (POOL_GROUP, "v1", POOLS, "InferencePool"),
+    OBJECTIVES: ("llm-d.ai", "v1alpha2", "inferenceobjectives", "InferenceObjective"),
+    REWRITES: ("llm-d.ai", "v1alpha2", "inferencemodelrewrites", "InferenceModelRewrite"),
+    LEGACY_OBJECTIVES: (
+        "inference.networking.x-k8s.io", "v1alpha2", "inferenceobjectives", "InferenceObjective"
+    ),
+    LEGACY_REWRITES: (
+        "inference.networking.x-k8s.io", "v1alpha2", "inferencemodelrewrites",
+        "InferenceModelRewrite",
+    ),
+}  # fmt: skip
 
 
 @dataclass
@@ -113,6 +133,7 @@ class FakeKubeAPI:
         self.watchers: list[_Watcher] = []
         self.forbidden: dict[str, set[str]] = {}  # resource -> refused verbs
         self.crd_installed = True
+        self.missing: set[str] = set()  # custom resources whose CRD is not installed (404)
         self.bookmark_interval = bookmark_interval
         self.requests: list[str] = []
         self.bookmarks_sent = 0
@@ -125,9 +146,10 @@ class FakeKubeAPI:
         """Serve on `port` (0: any free one; give the old port to "restart" the server)."""
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._handle(PODS))
-        app.router.add_get(
-            f"/apis/{POOL_GROUP}/v1/namespaces/{{ns}}/inferencepools", self._handle(POOLS)
-        )
+        for key, (group, version, plural, _) in CUSTOM.items():
+            app.router.add_get(
+                f"/apis/{group}/{version}/namespaces/{{ns}}/{plural}", self._handle(key)
+            )
         leases = f"/apis/{LEASE_GROUP}/v1/namespaces/{{ns}}/leases"
         app.router.add_get(leases + "/{name}", self._lease)
         app.router.add_put(leases + "/{name}", self._lease)
@@ -170,14 +192,14 @@ current-context: fake
             ns = request.match_info["ns"]
             verb = "watch" if q.get("watch") == "true" else "list"
             if verb in self.forbidden.get(resource, ()):
-                group = POOL_GROUP if resource == POOLS else ""
+                group = CUSTOM[resource][0] if resource in CUSTOM else ""
                 msg = (
                     f'{resource} is forbidden: User "system:serviceaccount:{ns}:epp" cannot'
                     f' {verb} resource "{resource}" in API group "{group}" in the namespace'
                     f' "{ns}"'
                 )
                 return web.json_response(_status(403, "Forbidden", msg), status=403)
-            if resource == POOLS and not self.crd_installed:
+            if (resource == POOLS and not self.crd_installed) or resource in self.missing:
                 msg = "the server could not find the requested resource"
                 return web.json_response(_status(404, "NotFound", msg), status=404)
             if q.get("watch") == "true":
@@ -208,8 +230,8 @@ current-context: fake
         if limit and start + limit < len(items):
             token = {"rv": rv, "start": start + limit, "items": items}
             meta["continue"] = base64.b64encode(json.dumps(token).encode()).decode()
-        kind = "PodList" if resource == PODS else "InferencePoolList"
-        api = "v1" if resource == PODS else f"{POOL_GROUP}/v1"
+        kind = "PodList" if resource == PODS else CUSTOM[resource][3] + "List"
+        api = "v1" if resource == PODS else "/".join(CUSTOM[resource][:2])
         body = {"kind": kind, "apiVersion": api, "metadata": meta, "items": page}
         return web.json_response(body)
 
@@ -259,7 +281,7 @@ current-context: fake
                     break
                 if item == "bookmark":
                     if bookmarks:
-                        kind = "Pod" if resource == PODS else "InferencePool"
+                        kind = "Pod" if resource == PODS else CUSTOM[resource][3]
                         meta = {"resourceVersion": str(self.rv)}
                         await send("BOOKMARK", {"kind": kind, "metadata": meta})
                         self.bookmarks_sent += 1
@@ -390,6 +412,27 @@ current-context: fake
 
     def delete_pool(self, name: str, ns: str = "default") -> None:
         self._write(POOLS, ns, None, name)
+
+    def put_custom(self, resource: str, name: str, spec: dict, ns: str = "default") -> None:
+        """An InferenceObjective / InferenceModelRewrite (`resource`: a CUSTOM key), with a
+        creationTimestamp that orders objects by when they were first put."""
+        group, version, _, kind = CUSTOM[resource]
+        old = self.objects.get((resource, ns, name))
+        created = (
+            old["metadata"]["creationTimestamp"]
+            if old
+            else f"2026-11-27T00:{self.rv // 60 % 60:02d}:{self.rv % 60:02d}Z"
+        )
+        obj = {
+            "kind": kind,
+            "apiVersion": f"{group}/{version}",
+            "metadata": {"name": name, "creationTimestamp": created},
+            "spec": spec,
+        }
+        self._write(resource, ns, obj, name)
+
+    def delete_custom(self, resource: str, name: str, ns: str = "default") -> None:
+        self._write(resource, ns, None, name)
 
     def compact(self) -> None:
         """Forget history, as etcd compaction does: older resourceVersions get 410."""

@@ -23,6 +23,7 @@ from epp.config.errors import ConfigError
 from epp.config.params import parse_params
 from epp.flowcontrol.config import FlowControlConfig, parse_flow_control
 from epp.scheduling.interfaces import (
+    Admitter,
     DataProducer,
     Filter,
     Picker,
@@ -251,7 +252,9 @@ def build(
     handler = _profile_handler(plugins, profiles, handle, registry)
     producers = [p for p in plugins.values() if isinstance(p, DataProducer)]
     return LoadedConfig(
-        scheduler=Scheduler(handler, profiles, producers),
+        scheduler=Scheduler(
+            handler, profiles, producers, [p for p in plugins.values() if isinstance(p, Admitter)]
+        ),
         plugins=plugins,
         pre_request=[p for p in plugins.values() if isinstance(p, PreRequest)],
         post_response=[p for p in plugins.values() if isinstance(p, PostResponse)],
@@ -508,6 +511,10 @@ def _build_profile(
         plugin = _resolve_ref(ref.get("pluginRef"), f"{rpath}.pluginRef", plugins)
         slot = _slot(plugin)
         weight = ref.get("weight")
+        if slot is None and isinstance(plugin, Admitter) and weight is None:
+            # Upstream's examples list an admitter in a profile; it runs for every request,
+            # before the profiles (Scheduler._admit), wherever it is listed.
+            continue
         if slot is None:
             raise ConfigError(
                 f"{rpath}.pluginRef",

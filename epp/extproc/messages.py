@@ -24,6 +24,7 @@ from epp.errors import EppError
 from epp.headers import (
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
+    DROPPED_REASON,
     LB_METADATA_NAMESPACE,
     PREFILLER_HOST_PORT,
     SUBSET_HINT_NAMESPACE,
@@ -151,10 +152,14 @@ def empty_request_body_response() -> pb.ProcessingResponse:
 
 
 def immediate_response(error: EppError) -> pb.ProcessingResponse:
+    headers = {"content-type": "application/json"}
+    reason = error.dropped_reason
+    if reason:
+        headers[DROPPED_REASON] = reason
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.status),  # type: ignore[arg-type]
-            headers=header_mutation({"content-type": "application/json"}),
+            headers=header_mutation(headers),
             body=error.body(),
             details=f"epp_{error.code or error.status}",
         )

@@ -181,7 +181,20 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                             deadline.end()
                     else:
                         deadline.cancel()
-                        msg = await anext(messages)
+                        if stream.evicted:
+                            break  # evicted while we were answering: see below
+                        # The evictor wakes this wait (RequestStream.evict): see below.
+                        task = stream.waiter = asyncio.current_task()
+                        cancelling = task.cancelling() if task is not None else 0
+                        try:
+                            msg = await anext(messages)
+                        except asyncio.CancelledError:
+                            # Ours only if nobody else also cancelled (asyncio.Timeout's test).
+                            if not stream.evicted or task is None or task.uncancel() > cancelling:
+                                raise
+                            break
+                        finally:
+                            stream.waiter = None
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
@@ -202,6 +215,9 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     yield resp
                 if self.routes is not None and self._sweep_timer is None and len(self.routes):
                     self._arm_sweep(self.routes.join_timeout)
+            if stream.evicted:
+                for resp in stream.eviction_responses():
+                    yield resp
             self._check_response_phases(stream)
         finally:
             deadline.cancel()

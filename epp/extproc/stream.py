@@ -49,14 +49,16 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from epp.completion import ResponseObserver
 from epp.director import Director, RoutingDecision
-from epp.errors import EppError, internal_error, timed_out, too_large
+from epp.errors import EVICTED_PRIORITY, EppError, internal_error, timed_out, too_large
 from epp.extproc import messages as m
 from epp.extproc.handoff import RouteTable
 from epp.extproc.refusals import RefusalLog
 from epp.extproc.response_leg import ResponseLeg
 from epp.flowcontrol.controller import FlowController
+from epp.flowcontrol.eviction import Evictor, Running
 from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID, ROUTE_ID
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
+from epp.observability import REQUESTS_REFUSED
 from epp.request import (
     DEFAULT_BODY_LIMITS,
     InferenceRequest,
@@ -65,6 +67,7 @@ from epp.request import (
     parse_body,
 )
 from epp.response import ResponseMeter
+from epp.rewrite import ModelRewrites
 from epp.scheduling.types import CycleState
 
 log = logging.getLogger("epp.extproc")
@@ -149,6 +152,13 @@ class RequestStream:
         self._route_id = ""
         # (raw body, parse outcome) when handle_async parsed the body in a worker thread
         self._preparsed: tuple[bytes, _Parsed | Exception] | None = None
+        # In-flight eviction (flowControl.enableEviction): this request's entry while it
+        # may be evicted, and once `evict` ran, the task to wake: the servicer's, set
+        # while it waits for Envoy's next message (`waiter`).
+        self._running: Running | None = None
+        self._evictor: Evictor | None = None
+        self.evicted = False
+        self.waiter: asyncio.Task | None = None
 
     @property
     def meter(self) -> ResponseMeter | None:
@@ -234,7 +244,7 @@ class RequestStream:
             try:
                 outcome: _Parsed | Exception
                 outcome = await asyncio.to_thread(
-                    _parse, self.request, raw, self.body_limits, director
+                    _parse, self.request, raw, self.body_limits, self.director.rewrites, director
                 )
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
@@ -261,7 +271,7 @@ class RequestStream:
             assert self.request is not None
             try:
                 outcome: _Parsed | Exception
-                outcome = _parse(self.request, raw, self.body_limits)
+                outcome = _parse(self.request, raw, self.body_limits, self.director.rewrites)
             except Exception as e:
                 outcome = e
             self._preparsed = (raw, outcome)
@@ -346,6 +356,64 @@ class RequestStream:
         self.phase = Phase.DONE
         if self.leg is not None:
             self.leg.end(complete)
+        if self._running is not None:
+            assert self._evictor is not None
+            self._evictor.ended(self._running, self.clock())
+            self._running = None
+
+    # ---- in-flight eviction ------------------------------------------------
+    def _track_for_eviction(self) -> None:
+        """A routed sheddable request, with the in-path response (its stream stays open
+        until the response ends, so it can be stopped), joins the evictable set."""
+        flow = self.director.flow_control
+        if flow is None or flow.eviction is None or self.leg is None:
+            return
+        assert self.request is not None
+        priority = flow.objectives.priority(self.request)
+        if priority >= 0:
+            return
+        self._evictor = flow.eviction
+        self._running = Running(priority, self.routed_at, self.request.request_id, self.evict)
+        self._evictor.track(self._running)
+
+    def evict(self) -> bool:
+        """Stop this request (the evictor's call, on the loop): the servicer answers its
+        stream with `eviction_responses()`, at once if it is waiting for Envoy (its task
+        is woken), else before its next wait. False when there is nothing to stop."""
+        if self.evicted or self.phase not in (Phase.ROUTED, Phase.RESPONDING):
+            return False
+        self.evicted = True
+        if self.waiter is not None:
+            self.waiter.cancel()
+        return True
+
+    def eviction_responses(self) -> list[pb.ProcessingResponse]:
+        """What tells Envoy, and the client, that the request was evicted: an
+        ImmediateResponse 429 with `x-llm-d-request-dropped-reason: evicted-priority`
+        (llm-d-router's ImmediateResponseEvictor). Envoy resets the upstream request
+        (the model server aborts it); a client whose response has not started gets the
+        429; one whose SSE stream has started first gets an error event naming the
+        reason, then the reset (a started response cannot change its status)."""
+        error = EppError(
+            429,
+            "the request was evicted to make room for requests of higher priority "
+            "(flowControl.enableEviction); retry later",
+            "evicted",
+            reason=EVICTED_PRIORITY,
+        )
+        out: list[pb.ProcessingResponse] = []
+        meter = self.meter
+        if (
+            self.phase is Phase.RESPONDING
+            and self.response_body_mode == FULL_DUPLEX
+            and meter is not None
+            and meter.streamed
+        ):
+            event = b"data: " + error.body() + b"\n\n"
+            out += m.streamed_body_responses(event, end_of_stream=False, request=False)
+        if self.leg is not None:
+            self.leg.status = 429  # the record says who ended it (ok is False: incomplete)
+        return [*out, *self._reject(error)]
 
     def _routed(self) -> dict[str, str]:
         """The request is routed (`self.decision`): its response leg, kept here or parked
@@ -358,6 +426,7 @@ class RequestStream:
         )
         if self.routes is None:
             self.leg = leg
+            self._track_for_eviction()
             return {}
         route_id = self.routes.put(leg)
         if self.routes.claimant == "log":
@@ -445,7 +514,9 @@ class RequestStream:
         if preparsed is None:
             raw = b"".join(self._chunks)
             self._drop_body()
-            req, new_body, state = _parse(self.request, raw, self.body_limits)
+            req, new_body, state = _parse(
+                self.request, raw, self.body_limits, self.director.rewrites
+            )
         else:
             raw, outcome = preparsed
             self._drop_body()
@@ -507,6 +578,7 @@ class RequestStream:
         self.phase = Phase.REJECTED
         self._drop_body()
         self.refusals.record(self.request.request_id if self.request else "-", error)
+        REQUESTS_REFUSED.labels(error.dropped_reason or error.code or str(error.status)).inc()
         return [m.immediate_response(error)]
 
 
@@ -518,10 +590,16 @@ def _parse(
     request: InferenceRequest,
     raw: bytes,
     limits: BodyLimits,
+    rewrites: ModelRewrites | None,
     director: Director | None = None,
 ) -> _Parsed:
-    """The request parsed from `raw`, the body to forward if the model changes, and with
-    `director`, its request-only scheduling work done (`Director.prepare`)."""
+    """The request parsed from `raw` (its target model after an InferenceModelRewrite, if
+    one matches), the body to forward if the model changes, and with `director`, its
+    request-only scheduling work done (`Director.prepare`)."""
     req = parse_body(request, raw, limits)
+    if rewrites is not None:
+        target = rewrites.target(req.model, req.request_id)
+        if target is not None:
+            req.target_model = target
     state = director.prepare(req) if director is not None else None
     return req, req.body_for_upstream(), state

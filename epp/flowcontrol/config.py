@@ -11,6 +11,8 @@
       - {priority: 100, maxRequests: 500, fairnessPolicyRef: rr,
          orderingPolicyRef: fcfs-ordering-policy}
       usageLimitPolicyPluginRef: static-usage-limit-policy
+      enableEviction: false              # true: running sheddable requests are stopped
+                                         # for waiting higher-priority ones (eviction.py)
 
 Policy references name a plugin under `plugins:` or, as upstream's defaulting does, a
 policy type used with its defaults. Defaults live in the `param()`s below; they differ
@@ -74,6 +76,11 @@ class FlowControlParams:
     usage_limit_policy_plugin_ref: str = param(
         "", doc="static-usage-limit-policy (threshold 1.0: dispatch while saturation < 1)"
     )
+    enable_eviction: bool = param(
+        False,
+        doc="stop running sheddable requests (priority < 0) when requests of higher "
+        "priority wait on a saturated pool (llm-d-router's enableEviction)",
+    )
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class FlowControlConfig:
     # a sheddable request passes only below `sheddable_ceiling` (≤ ceiling).
     ceiling: float = 1.0
     sheddable_ceiling: float = 1.0
+    enable_eviction: bool = False
 
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -178,6 +186,7 @@ def parse_flow_control(
         default_band=_band(p.default_priority_band, "flowControl.defaultPriorityBand", resolve),
         ceiling=ceiling,
         sheddable_ceiling=sheddable,
+        enable_eviction=p.enable_eviction,
     )
 
 

@@ -42,6 +42,7 @@ from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError
 from epp.flowcontrol import metrics as fm
 from epp.flowcontrol.config import FlowControlConfig, duration
+from epp.flowcontrol.eviction import Evictor
 from epp.flowcontrol.queue import DEFAULT_FLOW, FlowQueue, Item
 from epp.headers import INFERENCE_TTL, SLO_TTFT_MS
 from epp.observability import model_label
@@ -108,6 +109,10 @@ class FlowController:
         self._kick_pending = False
         self._fairness_labels = fm.FairnessLabels()
         self._loop: asyncio.AbstractEventLoop | None = None  # the request loop, once known
+        # `flowControl.enableEviction`: running sheddable requests stopped for waiting
+        # higher-priority ones (epp/flowcontrol/eviction.py); the streams track into it.
+        self.eviction: Evictor | None = None
+        self._eviction_timer: asyncio.TimerHandle | None = None
 
     # ---- the request's side ---------------------------------------------------------
     async def acquire(self, request: InferenceRequest, size: int) -> None:
@@ -224,6 +229,8 @@ class FlowController:
         snaps = self._routable()
         # No routable endpoint: waiting cannot help; let it through to its 503.
         if snaps and self._saturation(snaps) >= self.config.ceiling:
+            if self.eviction is not None:
+                self._maybe_evict(snaps)
             fm.DISPATCH_CYCLE.observe(time.perf_counter() - t0)
             return
         while (item := self.queue.pop()) is not None:
@@ -233,6 +240,24 @@ class FlowController:
                 fut.set_result(None)
                 break
         fm.DISPATCH_CYCLE.observe(time.perf_counter() - t0)
+
+    def _maybe_evict(self, snaps: list[EndpointSnapshot]) -> None:
+        """The queue's head is blocked by saturation: one eviction decision if the pacing
+        gate is open, and a wake-up for when it may open by time alone."""
+        ev = self.eviction
+        assert ev is not None
+        now = self.clock()
+        band = self.queue.peek_band()
+        if band is not None and ev.evictable and ev.gate_open(now):
+            in_flight = sum(s.inflight_requests for s in snaps)
+            ev.reclaim(self.saturation, self.config.ceiling, band.priority, in_flight, now)
+        at = ev.next_change()
+        if at is not None and self._eviction_timer is None and self._loop is not None:
+            self._eviction_timer = self._loop.call_later(max(0.0, at - now), self._eviction_due)
+
+    def _eviction_due(self) -> None:
+        self._eviction_timer = None
+        self._kick()
 
     # ---- helpers ---------------------------------------------------------------------
     def _routable(self) -> list[EndpointSnapshot]:

@@ -131,6 +131,20 @@ class ProfileHandler(Protocol):
 
 
 @runtime_checkable
+class Admitter(Protocol):
+    """Decides, after the data producers ran and before any profile, whether the request
+    is admitted at all (upstream's request-control `Admit` extension point). Returns why
+    it is refused, or None to admit; a refusal is a 429 `rejected-saturated`."""
+
+    name: str
+    type_name: str
+
+    def admit(
+        self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
+    ) -> str | None: ...
+
+
+@runtime_checkable
 class PreRequest(Protocol):
     name: str
     type_name: str

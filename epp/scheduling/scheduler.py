@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from epp.datastore import EndpointSnapshot
-from epp.errors import EppError, internal_error, plugin_failed, unavailable
+from epp.errors import SATURATED, EppError, internal_error, plugin_failed, unavailable
 from epp.observability import SCHEDULER_E2E, plugin_timer
 from epp.request import InferenceRequest
-from epp.scheduling.interfaces import DataProducer, Preparer, ProfileHandler
+from epp.scheduling.interfaces import Admitter, DataProducer, Preparer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 
@@ -24,11 +24,14 @@ class Scheduler:
         handler: ProfileHandler,
         profiles: dict[str, SchedulerProfile],
         producers: list[DataProducer] | None = None,
+        admitters: list[Admitter] | None = None,
     ) -> None:
         self.handler = handler
         self.profiles = profiles
         self.producers = producers or []
         self._producer_timers = [plugin_timer("PrepareData", p) for p in self.producers]
+        self.admitters = admitters or []
+        self._admit_timers = [plugin_timer("Admission", p) for p in self.admitters]
         # GIE scheduler.go times the handler's two calls under these extension points.
         self._pick_timer = plugin_timer("ProfilePicker", handler)
         self._results_timer = plugin_timer("ProcessProfilesResults", handler)
@@ -62,6 +65,8 @@ class Scheduler:
             if state is None:
                 state = CycleState()
             self._produce(state, request, candidates)
+            if self.admitters:
+                self._admit(state, request, candidates)
             results: dict[str, ProfileResult | None] = {}
             handler, profiles = self.handler, self.profiles
             for _ in range(_MAX_ROUNDS):
@@ -91,6 +96,27 @@ class Scheduler:
             return result
         finally:
             SCHEDULER_E2E.observe(_perf() - t0)
+
+    def _admit(
+        self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]
+    ) -> None:
+        """Each admitter in turn; the first refusal ends the request with a 429 (upstream
+        answers an `Admit` refusal with a 500, "Internal", which tells a client neither
+        that the pool is busy nor that a retry may succeed)."""
+        for admitter, timer in zip(self.admitters, self._admit_timers, strict=True):
+            t = _perf()
+            try:
+                why = admitter.admit(state, request, candidates)
+            except EppError:
+                raise
+            except Exception as e:
+                raise plugin_failed(admitter, type(e).__name__) from e
+            timer.observe(_perf() - t)
+            if why is not None:
+                raise EppError(
+                    429, f"not admitted by {admitter!r}: {why}; retry later", "too_many_requests",
+                    reason=SATURATED,
+                )  # fmt: skip
 
     def _produce(
         self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]

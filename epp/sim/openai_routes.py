@@ -3,6 +3,7 @@ or streamed answers, the P/D `kv_transfer_params` legs) and GET /v1/models."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -112,6 +113,9 @@ class OpenAIRoutes:
         except ConnectionResetError:
             self.server.stats.requests_aborted += 1
             return web.Response(status=499)  # nobody is listening; nginx's "client closed"
+        except asyncio.CancelledError:  # the client disconnected (handler_cancellation)
+            self.server.stats.requests_aborted += 1
+            raise
         finally:
             self.server.inflight.pop(channel, None)
             for seq in seqs:  # no-op for finished ones; frees slots if the client left

@@ -155,8 +155,13 @@ class SimServer:
 
     async def start(self) -> None:
         self.engine.start()
-        # A short shutdown timeout: stop() has already ended every stream.
-        self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
+        # A short shutdown timeout: stop() has already ended every stream. A client that
+        # disconnects cancels its handler, so a non-streamed request is aborted too, as
+        # vLLM's `with_cancellation` routes do (vllm/entrypoints/utils.py): an EPP that
+        # evicts a request, or a client that gives up, frees its slot at once.
+        self._runner = web.AppRunner(
+            self.build_app(), access_log=None, shutdown_timeout=1.0, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
