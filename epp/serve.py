@@ -66,6 +66,7 @@ from epp.extproc.server import (
 from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
+from epp.body_budget import add_body_share_flags, body_shares_from_args
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info
@@ -477,6 +478,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a request whose body has not ended this long after the stream opened "
         f"gets 408 ({DEFAULT_BODY_TIMEOUT:g})",
     )
+    add_body_share_flags(p)
     defaults, headers = BodyLimits(), HeaderLimits()
     p.add_argument(
         "--max-json-depth",
@@ -729,6 +731,7 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
             body_timeout=args.body_timeout,
             body=BodyLimits(args.max_json_depth, args.max_messages, args.max_prompt_tokens),
             headers=HeaderLimits(args.max_request_headers, args.max_request_headers_kb),
+            shares=body_shares_from_args(args),
         )
     except ValueError as e:
         raise ConfigError("", f"--max-request-headers: {e}") from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,6 +34,7 @@ from epp.extproc.handoff import RouteTable
 from epp.extproc.observer import ObserverStream
 from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
+from epp.body_budget import BodyShares
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 
 log = logging.getLogger("epp.extproc")
@@ -55,6 +56,7 @@ class StreamLimits:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     body: BodyLimits = field(default_factory=BodyLimits)
     headers: HeaderLimits = field(default_factory=HeaderLimits)
+    shares: BodyShares = field(default_factory=BodyShares)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -69,13 +71,43 @@ class _BodyDeadline:
     of an `asyncio.timeout_at` (a Timeout object and a TimerHandle) around every message
     wait. When it fires while the stream waits for a message, that wait is cancelled and
     raises TimeoutError, as `asyncio.timeout_at` did; a wait that starts after it fired
-    raises TimeoutError at once."""
+    raises TimeoutError at once.
 
-    __slots__ = ("_at", "_cancelling", "_expired", "_handle", "_loop", "_task", "_waiting")
+    With a minimum body data rate (`min_rate` bytes/s after `grace` seconds, Kestrel's
+    MinRequestBodyDataRate), the deadline is also the moment the body's average rate
+    since the stream's start would fall below it if nothing more came:
+    start + grace + received / min_rate. Bytes received move it later; the timer is not
+    re-armed per chunk: when it fires early it re-arms itself at the moved deadline."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+    __slots__ = (
+        "_at",
+        "_cancelling",
+        "_expired",
+        "_handle",
+        "_loop",
+        "_rate",
+        "_received",
+        "_start",
+        "_task",
+        "_waiting",
+        "slow",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        seconds: float,
+        received: Callable[[], int] | None = None,
+        min_rate: float = 0.0,
+        grace: float = 0.0,
+    ) -> None:
         self._loop = loop
-        self._at = loop.time() + seconds
+        now = loop.time()
+        self._at = now + seconds
+        self._received = received if min_rate > 0 else None
+        self._rate = min_rate
+        self._start = now + grace
+        self.slow = False  # the rate deadline fired, not the body timeout
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[object] | None = None
         self._waiting = False
@@ -85,14 +117,19 @@ class _BodyDeadline:
     # A wait in three calls, inlined in the servicer's loop (no coroutine per message):
     # begin() before the wait, fired() on CancelledError (True: the timer's, raise
     # TimeoutError), end() after it however it went.
+    def _due(self) -> float:
+        if self._received is None:
+            return self._at
+        return min(self._at, self._start + self._received() / self._rate)
+
     def begin(self) -> None:
         """Start a wait; raises TimeoutError if the deadline has passed."""
-        if self._expired or self._loop.time() >= self._at:
-            self._expired = True
+        if self._expired or self._loop.time() >= self._due():
+            self._expire()
             raise TimeoutError
         if self._handle is None:
             self._task = asyncio.current_task()
-            self._handle = self._loop.call_at(self._at, self._fire)
+            self._handle = self._loop.call_at(self._due(), self._fire)
         if self._task is not None:
             self._cancelling = self._task.cancelling()
         self._waiting = True
@@ -106,9 +143,18 @@ class _BodyDeadline:
     def end(self) -> None:
         self._waiting = False
 
+    def _expire(self) -> None:
+        if not self._expired:
+            self._expired = True
+            self.slow = self._loop.time() < self._at
+
     def _fire(self) -> None:
         self._handle = None
-        self._expired = True
+        due = self._due()
+        if self._loop.time() < due:  # bytes came meanwhile: the rate deadline moved on
+            self._handle = self._loop.call_at(due, self._fire)
+            return
+        self._expire()
         if self._waiting and self._task is not None:
             self._task.cancel()
 
@@ -132,7 +178,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self.limits = limits or StreamLimits()
         self.max_body_bytes = self.limits.max_body_bytes
         self.observer = observer
-        self.budget = BodyBudget(self.limits.max_buffered_bytes)
+        self.budget = BodyBudget(self.limits.max_buffered_bytes, self.limits.shares)
         self.open_streams = 0
         self.draining = False
         self._idle = asyncio.Event()
@@ -161,7 +207,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         )
         self.open_streams += 1
         self._idle.clear()
-        deadline = _BodyDeadline(asyncio.get_running_loop(), lim.body_timeout)
+        shares = lim.shares
+        deadline = _BodyDeadline(
+            asyncio.get_running_loop(),
+            lim.body_timeout,
+            lambda: stream.body_bytes,
+            shares.min_rate,
+            shares.rate_grace,
+        )
         messages = aiter(request_iterator)
         first = True
         try:
@@ -183,7 +236,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
-                    for resp in stream.body_timed_out(lim.body_timeout):
+                    if deadline.slow:
+                        out = stream.body_too_slow(shares.min_rate, shares.rate_grace)
+                    else:
+                        out = stream.body_timed_out(lim.body_timeout)
+                    for resp in out:
                         yield resp
                     break
                 if first:

@@ -56,6 +56,7 @@ from epp.extproc.refusals import RefusalLog
 from epp.extproc.response_leg import ResponseLeg
 from epp.flowcontrol.controller import FlowController
 from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID, ROUTE_ID
+from epp.body_budget import BodyTicket
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
@@ -123,7 +124,7 @@ class RequestStream:
         self.header_limits = header_limits or HeaderLimits()
         # Bytes of this stream's body reserved in the server-wide budget (epp/limits.py).
         self.budget = budget
-        self._budgeted = 0
+        self._ticket: BodyTicket | None = None
         self.routes = routes
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
@@ -302,6 +303,21 @@ class RequestStream:
             )
         )
 
+    def body_too_slow(self, min_rate: float, grace: float) -> list[pb.ProcessingResponse]:
+        """The body arrives slower than `min_rate` bytes/s on average (after `grace`
+        seconds): a 408 long before the body timeout, and its bytes freed."""
+        if self.phase is not Phase.GATHER_BODY and self.phase is not Phase.AWAIT_HEADERS:
+            return []
+        return self._reject(
+            EppError(
+                408,
+                f"request body arrived too slowly ({self._size} bytes so far): the minimum "
+                f"is {min_rate:g} bytes/s on average after the first {grace:g}s (set by epp "
+                "serve --min-body-rate)",
+                "request_body_too_slow",
+            )
+        )
+
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
         self._drop_body()
@@ -347,11 +363,16 @@ class RequestStream:
             return {}
         return {ROUTE_ID: self.routes.put(leg)}
 
+    @property
+    def body_bytes(self) -> int:
+        """Request-body bytes received so far (the servicer's minimum-rate timer)."""
+        return self._size
+
     def _drop_body(self) -> None:
         self._chunks = []
-        if self.budget is not None and self._budgeted:
-            self.budget.give_back(self._budgeted)
-        self._budgeted = 0
+        if self._ticket is not None and self._ticket.held:
+            assert self.budget is not None
+            self.budget.release(self._ticket)
 
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -376,6 +397,12 @@ class RequestStream:
                 )
             ]
         self.phase = Phase.GATHER_BODY
+        if self.budget is not None:
+            source, connection = m.client_of(msg, headers)
+            declared = headers.get("content-length", "")
+            self._ticket = self.budget.ticket(
+                source, connection, int(declared) if declared.isdigit() else 0
+            )
         if self.request_body_mode == FULL_DUPLEX:
             return []
         # Envoy waits for this answer before it sends the body.
@@ -408,8 +435,7 @@ class RequestStream:
                 "(set by epp serve --max-body-bytes)"
             )
         if self.budget is not None:
-            self.budget.take(len(body.body))
-            self._budgeted += len(body.body)
+            self.budget.take(len(body.body), self._ticket)
         self._chunks.append(body.body)
         if not body.end_of_stream:
             return []
