@@ -117,24 +117,40 @@ async def main() -> None:
                 await good_traffic(stack.url, 8)  # warm, as above
                 m = await rss_probe(stack, args.rss_conns, args.rss_mib, spread)
             where = f"{args.conns} addresses" if spread else "1 address"
-            row = [setup, where, r["held"], r["refused"], r["good_sent"], r["good_errors"],
-                   m["held"], m["rss_peak_rise_mib"], m["rss_after_5s_rise_mib"]]
+            row = [
+                setup,
+                where,
+                r["held"],
+                r["refused"],
+                r["good_sent"],
+                r["good_errors"],
+                m["held"],
+                m["rss_peak_rise_mib"],
+                m["rss_after_5s_rise_mib"],
+            ]
             print(row, r["error_statuses"], flush=True)
             rows.append(row)
     load = os.getloadavg()
     result = {
         "suite": "body_flood",
         "title": "Holding request bodies: one client against everyone else",
-        "command": "bench/body_flood.py " + " ".join(
+        "command": "bench/body_flood.py "
+        + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v
         ),
         "git_commit": git_commit(),
         "machine": f"{os.cpu_count()} cores, shared; load average {load[0]:.1f}",
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "columns": [
-            "budget", "attacker", "bodies held", "bodies refused", "good sent",
-            "good errors", f"held of {args.rss_conns}x{args.rss_mib} MiB",
-            "RSS peak rise MiB", "RSS rise 5 s after MiB",
+            "budget",
+            "attacker",
+            "bodies held",
+            "bodies refused",
+            "good sent",
+            "good errors",
+            f"held of {args.rss_conns}x{args.rss_mib} MiB",
+            "RSS peak rise MiB",
+            "RSS rise 5 s after MiB",
         ],
         "rows": rows,
         "notes": "",

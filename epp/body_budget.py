@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from epp.config.errors import ConfigError
 from epp.errors import EppError
+from epp.memtrim import Trimmer
 
 MiB = 1024 * 1024
 DEFAULT_SMALL_BODY_BYTES = 1 * MiB
@@ -103,6 +104,7 @@ class BodyBudget:
         self.held_large = 0
         self.by_source: dict[str, int] = {}
         self.by_connection: dict[str, int] = {}
+        self.trimmer = Trimmer()  # large bodies given back: memory back to the OS
 
     def ticket(
         self, source: str | None = None, connection: str | None = None, declared: int = 0
@@ -163,6 +165,7 @@ class BodyBudget:
         self.held = max(0, self.held - n)
         if t.large:
             self.held_large = max(0, self.held_large - n)
+            self.trimmer.freed_bytes(n)
         _drop(self.by_source, t.source, n)
         _drop(self.by_connection, t.connection, n)
 
@@ -269,8 +272,9 @@ def body_shares_from_args(args: argparse.Namespace) -> BodyShares:
     reserve = args.small_body_reserve_bytes
     if reserve is not None and reserve >= args.max_buffered_bytes:
         raise ConfigError(
-            "", "--small-body-reserve-bytes must be below --max-buffered-bytes (the rest is "
-            "what large bodies may use)"
+            "",
+            "--small-body-reserve-bytes must be below --max-buffered-bytes (the rest is "
+            "what large bodies may use)",
         )
     return BodyShares(
         per_connection=args.max_buffered_bytes_per_connection,

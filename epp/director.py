@@ -168,8 +168,7 @@ class Director:
             if not serving:
                 raise not_found(
                     f"model '{clip(request.target_model, MAX_ECHOED_MODEL)}' is not served "
-                    "by this pool"
-                    + _known_models_hint(snaps)
+                    "by this pool" + _known_models_hint(snaps)
                 )
             snaps = serving
         active = [s for s in snaps if not s.draining]

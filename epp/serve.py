@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from epp.admission import Admission, Objectives, load_objectives_file
+from epp.body_budget import add_body_share_flags, body_shares_from_args
 from epp.buildinfo import build_commit
 from epp.completion import ResponseObserver
 from epp.composition import install_plugins
@@ -66,7 +67,6 @@ from epp.extproc.server import (
 from epp.extproc.tls import ServerCert, TlsError, load_cert_dir, self_signed
 from epp.flowcontrol.controller import FlowController
 from epp.flowcontrol.metrics import register_flow_control
-from epp.body_budget import add_body_share_flags, body_shares_from_args
 from epp.limits import BodyLimits, HeaderLimits
 from epp.loop_tasks import update_loop_tasks
 from epp.observability import REGISTRY, register_pool, set_build_info

@@ -26,6 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from epp.body_budget import BodyShares
 from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
@@ -34,7 +35,6 @@ from epp.extproc.handoff import RouteTable
 from epp.extproc.observer import ObserverStream
 from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
-from epp.body_budget import BodyShares
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 
 log = logging.getLogger("epp.extproc")

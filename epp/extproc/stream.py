@@ -47,6 +47,7 @@ from collections.abc import Callable
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.body_budget import BodyTicket
 from epp.completion import ResponseObserver
 from epp.director import Director, RoutingDecision
 from epp.errors import EppError, internal_error, timed_out, too_large
@@ -56,7 +57,6 @@ from epp.extproc.refusals import RefusalLog
 from epp.extproc.response_leg import ResponseLeg
 from epp.flowcontrol.controller import FlowController
 from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID, ROUTE_ID
-from epp.body_budget import BodyTicket
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter

@@ -40,9 +40,7 @@ class HeldBody:
         self.writer.close()
 
 
-async def hold_body(
-    host: str, port: int, source: str, size: int, settle: float = 2.0
-) -> HeldBody:
+async def hold_body(host: str, port: int, source: str, size: int, settle: float = 2.0) -> HeldBody:
     """Open a connection from `source`, send headers for `size` + 1 bytes and `size`
     bytes of body; return once they are sent (or refused), holding the connection."""
     reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
@@ -65,9 +63,7 @@ async def hold_bodies(
     host: str, port: int, sources: list[str], size: int, settle: float = 2.0
 ) -> list[HeldBody]:
     """One held body per entry of `sources` (repeat an address for several connections)."""
-    return list(
-        await asyncio.gather(*(hold_body(host, port, s, size, settle) for s in sources))
-    )
+    return list(await asyncio.gather(*(hold_body(host, port, s, size, settle) for s in sources)))
 
 
 @dataclass
@@ -120,4 +116,3 @@ def attack_sources(n: int, spread: bool) -> list[str]:
     """`n` connections from one attacker address (127.0.0.2), or each from its own
     (127.0.1.x: a botnet, where no per-address share helps)."""
     return [f"127.0.1.{i + 1}" for i in range(n)] if spread else ["127.0.0.2"] * n
-

@@ -79,7 +79,9 @@ def test_large_bodies_from_many_addresses_leave_the_reserve_to_small_ones():
 
 
 def test_a_body_that_grows_past_small_moves_to_the_large_share():
-    shares = BodyShares(per_connection=9 * MiB, per_source=9 * MiB, small_reserve=4 * MiB, small_body=MiB)
+    shares = BodyShares(
+        per_connection=9 * MiB, per_source=9 * MiB, small_reserve=4 * MiB, small_body=MiB
+    )
     b = BodyBudget(10 * MiB, shares)
     filler = b.ticket("x", "1", declared=6 * MiB)
     b.take(6 * MiB, filler)  # the large share is full
