@@ -85,6 +85,7 @@ from epp.status.routes import add_status_routes
 
 if TYPE_CHECKING:
     from epp.planner.perf import Profile
+    from epp.tracing import RequestTracer
 
 log = logging.getLogger("epp")
 
@@ -130,6 +131,8 @@ class ServeOptions:
     # `--response-path observer`: the response comes on Envoy's second, observability-mode
     # ext_proc stream (deploy/envoy/envoy-observer.yaml), off the client's path.
     response_observer: bool = False
+    # `--tracing`: OpenTelemetry spans per request stage (epp/tracing.py).
+    tracing: bool = False
     # `--planner FILE`: the parsed planner file and its profile (sla/dynamo modes).
     planner: PlannerConfig | None = None
     planner_profile: Profile | None = None
@@ -203,6 +206,7 @@ class EppServer:
         self.health_port = 0
         self.metrics_port = 0
         self.servicer = None
+        self.tracer: RequestTracer | None = None
         self._planner_ticks = planner_ticks
         self.planner: PlannerThread | None = None
         self.elector: Elector | None = None
@@ -246,6 +250,7 @@ class EppServer:
             limits=o.limits,
             tls=o.tls,
             routes=RouteTable() if o.response_observer and self.observer else None,
+            tracer=self._start_tracing() if o.tracing else None,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -332,7 +337,18 @@ class EppServer:
             )
         return done
 
+    def _start_tracing(self) -> RequestTracer:
+        from epp.tracing import build_tracer, instrument
+
+        self.tracer = build_tracer()
+        instrument(self.director.scheduler)
+        log.info("tracing on: OpenTelemetry spans per request (epp/tracing.py)")
+        return self.tracer
+
     async def stop(self) -> None:
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)  # flushes what is batched
+            self.tracer = None
         if self.planner is not None:
             await stop_live_planner(self.planner)
             self.planner = None
@@ -571,6 +587,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(429 while the saturation detector says the pool is saturated)",
     )
     election_cli.add_arguments(p)
+    p.add_argument(
+        "--tracing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="OpenTelemetry spans for each request's stages, W3C traceparent to the model "
+        "server, exported as the OTEL_* environment says (OTLP to localhost:4317 by "
+        "default; sampled 10%% unless OTEL_TRACES_SAMPLER says otherwise: llm-d-router's "
+        "defaults). Off by default (llm-d-router defaults it on, printing spans to stdout); "
+        "needs pip install 'epp[tracing]'",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -633,6 +659,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         health_port=args.health_port,
         metrics_port=args.metrics_port,
         limits=limits,
+        tracing=args.tracing,
         drain_timeout=args.drain_timeout,
         refresh_metrics_interval=args.refresh_metrics_interval,
         refresh_metrics_max_interval=hi,

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -36,6 +37,9 @@ from epp.extproc.observer import ObserverStream
 from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
+
+if TYPE_CHECKING:
+    from epp.tracing import RequestTracer
 
 log = logging.getLogger("epp.extproc")
 
@@ -171,6 +175,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         limits: StreamLimits | None = None,
         observer: ResponseObserver | None = None,
         routes: RouteTable | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         if routes is not None and observer is None:
             raise ValueError("the observer mode (routes) needs the response observer")
@@ -185,6 +190,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self._idle.set()
         self._warned_no_response = False
         self.routes = routes
+        self.tracer = tracer  # epp/tracing.py; None: tracing off
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._warned: set[str] = set()
 
@@ -204,6 +210,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             header_limits=lim.headers,
             budget=self.budget,
             routes=self.routes,
+            tracer=self.tracer,
         )
         self.open_streams += 1
         self._idle.clear()
@@ -385,6 +392,7 @@ async def start_grpc_servers(
     limits: StreamLimits | None = None,
     tls: ServerCert | None = None,
     routes: RouteTable | None = None,
+    tracer: RequestTracer | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, ExtProcServicer, HealthReporter, int, int]:
     """Start the ext_proc server (also answering health) and the separate health server.
 
@@ -398,7 +406,7 @@ async def start_grpc_servers(
     if limits is None:
         limits = StreamLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     health_reporter = HealthReporter(datastore)
-    servicer = ExtProcServicer(director, limits, observer, routes)
+    servicer = ExtProcServicer(director, limits, observer, routes, tracer)
     options = [
         ("grpc.max_receive_message_length", limits.max_body_bytes + 1024 * 1024),
         ("grpc.max_send_message_length", limits.max_body_bytes + 1024 * 1024),

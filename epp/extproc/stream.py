@@ -43,6 +43,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -61,6 +62,9 @@ from epp.limits import BodyBudget, BodyLimits, HeaderLimits
 from epp.request import DEFAULT_BODY_LIMITS, InferenceRequest, new_request, parse_body
 from epp.response import ResponseMeter
 from epp.scheduling.types import CycleState
+
+if TYPE_CHECKING:
+    from epp.tracing import RequestTrace, RequestTracer
 
 log = logging.getLogger("epp.extproc")
 
@@ -114,8 +118,12 @@ class RequestStream:
         header_limits: HeaderLimits | None = None,
         budget: BodyBudget | None = None,
         routes: RouteTable | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.director = director
+        # epp/tracing.py: None (off) costs one `is None` test per stage
+        self.tracer = tracer
+        self.trace: RequestTrace | None = None
         self.max_body_bytes = max_body_bytes
         self.observer = observer
         self.clock = clock
@@ -223,6 +231,7 @@ class RequestStream:
         if raw is not None:
             assert self.request is not None
             director = self.director if self.director.prepares else None
+            t0 = time.perf_counter()
             try:
                 outcome: _Parsed | Exception
                 outcome = await asyncio.to_thread(
@@ -231,6 +240,8 @@ class RequestStream:
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
             self._preparsed = (raw, outcome)
+            if self.trace is not None:
+                self.trace.stage("llm_d.epp.parse", t0, time.perf_counter(), off_loop=True)
         flow = self.director.flow_control
         if flow is not None and self.phase is Phase.GATHER_BODY and self._routes_now(msg):
             try:
@@ -260,7 +271,17 @@ class RequestStream:
         raw, outcome = self._preparsed
         if isinstance(outcome, Exception):
             return
-        await flow.acquire(outcome[0], len(raw))
+        if self.trace is None:
+            await flow.acquire(outcome[0], len(raw))
+            return
+        t0, admitted = time.perf_counter(), False
+        try:
+            await flow.acquire(outcome[0], len(raw))
+            admitted = True
+        finally:
+            self.trace.stage(
+                "llm_d.epp.flow_control.wait", t0, time.perf_counter(), admitted=admitted
+            )
 
     def _routes_now(self, msg: pb.ProcessingRequest) -> bool:
         """`msg` completes the request, so handling it routes."""
@@ -323,10 +344,14 @@ class RequestStream:
         self._drop_body()
         if self.leg is not None and self.phase is not Phase.DONE:
             self._end_response(complete=False)
+        if self.trace is not None:
+            self.trace.end()  # routed in observer mode, or refused: no-op if it ended
 
     # ---- response phases --------------------------------------------------
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
         self.phase = Phase.RESPONDING
+        if self.trace is not None:
+            self.trace.response_started()
         if self.leg is not None:
             self.leg.headers(headers)
         if headers.end_of_stream:
@@ -348,6 +373,9 @@ class RequestStream:
         self.phase = Phase.DONE
         if self.leg is not None:
             self.leg.end(complete)
+        if self.trace is not None:
+            status = self.leg.status if self.leg is not None else 0
+            self.trace.end(status or None, complete=complete)
 
     def _routed(self) -> dict[str, str]:
         """The request is routed (`self.decision`): its response leg, kept here or parked
@@ -383,6 +411,8 @@ class RequestStream:
         # Set on the upstream request when missing or replaced (invalid: see request.py).
         self._generated_id = req.request_id != headers.get(REQUEST_ID)
         self.request = req  # before the header check, so a 431 is logged with its id
+        if self.tracer is not None:
+            self.trace = self.tracer.start(headers, {"llm_d.epp.request.id": req.request_id})
         self._check_header_limits(msg.request_headers, headers, regular, size)
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
@@ -422,6 +452,7 @@ class RequestStream:
             + (self._generated_id and REQUEST_ID not in headers)
             + ("content-length" not in headers and not raw.end_of_stream)
             + (self.routes is not None and ROUTE_ID not in headers)
+            + (self.tracer is not None and "traceparent" not in headers)
         )
         self.header_limits.check(regular, size, added)
 
@@ -451,17 +482,29 @@ class RequestStream:
         assert self.request is not None
         n_chunks = len(self._chunks)
         preparsed, self._preparsed = self._preparsed, None
+        trace = self.trace
         if preparsed is None:
             raw = b"".join(self._chunks)
             self._drop_body()
-            req, new_body, state = _parse(self.request, raw, self.body_limits)
+            if trace is None:
+                req, new_body, state = _parse(self.request, raw, self.body_limits)
+            else:
+                t0 = time.perf_counter()
+                req, new_body, state = _parse(self.request, raw, self.body_limits)
+                trace.stage("llm_d.epp.parse", t0, time.perf_counter(), bytes=len(raw))
         else:
             raw, outcome = preparsed
             self._drop_body()
             if isinstance(outcome, Exception):
                 raise outcome
             req, new_body, state = outcome
-        self.decision = self.director.route(req, self.subset, state)
+        if trace is None:
+            self.decision = self.director.route(req, self.subset, state)
+        else:
+            with trace.routing():
+                self.decision = self.director.route(req, self.subset, state)
+            trace.span.set_attribute("gen_ai.request.model", req.model)
+            trace.span.set_attribute("llm_d.epp.target_endpoint", self.decision.destinations[0])
         extra = self._routed()
         body = new_body if new_body is not None else raw
         set_headers, removals = self._routing_headers(body) | extra, self._removals()
@@ -499,6 +542,8 @@ class RequestStream:
             out[REQUEST_ID] = self.request.request_id
         if body is not None:
             out["content-length"] = str(len(body))
+        if self.trace is not None:
+            out.update(self.trace.headers())
         return out
 
     def _removals(self) -> list[str]:
@@ -513,6 +558,8 @@ class RequestStream:
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
         self.phase = Phase.REJECTED
         self._drop_body()
+        if self.trace is not None:
+            self.trace.end(error.status, **{"llm_d.epp.refusal": error.code or str(error.status)})
         self.refusals.record(self.request.request_id if self.request else "-", error)
         return [m.immediate_response(error)]
 
