@@ -36,3 +36,5 @@ DESTINATION_SUBSET = "x-gateway-destination-endpoint-subset"
 
 # Response header naming the simulator replica that answered (`epp sim`).
 SIM_SERVER = "x-sim-server"
+# The simulator echoes the traceparent it received (epp/sim/server.py).
+SIM_TRACEPARENT = "x-sim-traceparent"
