@@ -166,8 +166,10 @@ class BodyBudget:
         if t.large:
             self.held_large = max(0, self.held_large - n)
             self.trimmer.freed_bytes(n)
-        _drop(self.by_source, t.source, n)
-        _drop(self.by_connection, t.connection, n)
+        if t.source is not None:
+            _drop(self.by_source, t.source, n)
+        if t.connection is not None:
+            _drop(self.by_connection, t.connection, n)
 
     def give_back(self, n: int) -> None:
         """Give back `n` bytes taken without a ticket."""
@@ -192,9 +194,7 @@ def _client_over(what: str, limit: int, flag: str) -> EppError:
     )
 
 
-def _drop(counts: dict[str, int], key: str | None, n: int) -> None:
-    if key is None:
-        return
+def _drop(counts: dict[str, int], key: str, n: int) -> None:
     left = counts.get(key, 0) - n
     if left > 0:
         counts[key] = left

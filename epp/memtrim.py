@@ -19,6 +19,8 @@ where the C library has no malloc_trim (musl, macOS).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import time
@@ -42,23 +44,33 @@ _MALLOC_TRIM = _load()
 
 
 class Trimmer:
-    """Counts freed bytes; trims when enough were freed and the last trim is old enough."""
+    """Counts freed bytes; trims when enough were freed, at most once per `min_interval`
+    (a trim due sooner is deferred to then on the running loop, never dropped: the last
+    bodies of a burst are freed too)."""
 
     def __init__(self, min_freed: int = MIN_FREED, min_interval: float = MIN_INTERVAL) -> None:
         self.min_freed = min_freed
         self.min_interval = min_interval
         self.freed = 0
-        self.last = 0.0
+        self.last = -min_interval
         self.trims = 0
+        self._pending: asyncio.TimerHandle | None = None
 
     def freed_bytes(self, n: int) -> None:
         self.freed += n
-        if self.freed < self.min_freed or _MALLOC_TRIM is None:
+        if self.freed < self.min_freed or _MALLOC_TRIM is None or self._pending is not None:
             return
-        now = time.monotonic()
-        if now - self.last < self.min_interval:
+        wait = self.last + self.min_interval - time.monotonic()
+        if wait <= 0:
+            self.trim()
             return
-        self.last = now
+        with contextlib.suppress(RuntimeError):  # no loop (streams driven by hand): later
+            self._pending = asyncio.get_running_loop().call_later(wait, self.trim)
+
+    def trim(self) -> None:
+        self._pending = None
+        self.last = time.monotonic()
         self.freed = 0
         self.trims += 1
-        _MALLOC_TRIM(0)
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)

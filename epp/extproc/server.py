@@ -86,6 +86,7 @@ class _BodyDeadline:
     __slots__ = (
         "_at",
         "_cancelling",
+        "_due_at",
         "_expired",
         "_handle",
         "_loop",
@@ -112,6 +113,7 @@ class _BodyDeadline:
         self._rate = min_rate
         self._start = now + grace
         self.slow = False  # the rate deadline fired, not the body timeout
+        self._due_at = self._at if self._received is None else min(self._at, self._start)
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[object] | None = None
         self._waiting = False
@@ -128,12 +130,16 @@ class _BodyDeadline:
 
     def begin(self) -> None:
         """Start a wait; raises TimeoutError if the deadline has passed."""
-        if self._expired or self._loop.time() >= self._due():
-            self._expire()
-            raise TimeoutError
+        # `_due_at` is a lower bound (bytes only move the deadline later): recomputed only
+        # when it has passed, so a wait usually costs one comparison, as before the rate.
+        if self._expired or self._loop.time() >= self._due_at:
+            self._due_at = self._due()
+            if self._expired or self._loop.time() >= self._due_at:
+                self._expire()
+                raise TimeoutError
         if self._handle is None:
             self._task = asyncio.current_task()
-            self._handle = self._loop.call_at(self._due(), self._fire)
+            self._handle = self._loop.call_at(self._due_at, self._fire)
         if self._task is not None:
             self._cancelling = self._task.cancelling()
         self._waiting = True
@@ -154,7 +160,7 @@ class _BodyDeadline:
 
     def _fire(self) -> None:
         self._handle = None
-        due = self._due()
+        due = self._due_at = self._due()
         if self._loop.time() < due:  # bytes came meanwhile: the rate deadline moved on
             self._handle = self._loop.call_at(due, self._fire)
             return

@@ -23,7 +23,7 @@ class Receiver(ts_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans: list = []
 
-    async def Export(self, request, context):  # noqa: N802 (the proto's name)
+    async def Export(self, request, context):
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
                 self.spans.extend(ss.spans)

@@ -173,3 +173,18 @@ async def test_a_body_faster_than_the_minimum_rate_is_routed_even_past_the_grace
     svc, _ = rate_servicer(min_rate=1_000, grace=0.1)
     out = [r async for r in svc.Process(steady(), context=None)]
     assert out[0].WhichOneof("response") == "request_headers"
+
+
+async def test_freed_large_bodies_are_trimmed_and_a_trim_due_soon_is_deferred_not_dropped():
+    from epp.memtrim import Trimmer
+
+    t = Trimmer(min_freed=100, min_interval=0.05)
+    t.freed_bytes(150)
+    assert t.trims == 1  # enough freed, none for a while: at once
+    t.freed_bytes(150)
+    assert t.trims == 1  # too soon: deferred to the end of the interval
+    for _ in range(200):
+        if t.trims == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert t.trims == 2 and t.freed == 0
