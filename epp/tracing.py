@@ -20,8 +20,9 @@ model server that traces (vLLM `--otlp-traces-endpoint`) continues the same trac
 The scheduler's plugins are not touched: they are already timed into the plugin-duration
 histogram, and tracing wraps those timers (`instrument`) so each observation is also
 noted, with its end time, for the request being routed; the spans are built after
-routing with those exact start and end times. A trace the sampler drops costs one
-non-recording span.
+routing with those exact start and end times. A request the sampler drops costs a
+header lookup and a random draw: the sampling decision (llm-d-router's default,
+parent-based trace-id ratio) is taken before the SDK is called.
 
 Configuration is the OpenTelemetry SDK's environment, with llm-d-router's defaults:
 `OTEL_TRACES_EXPORTER` (`otlp`, here the default; `console`; `none`), the
@@ -37,6 +38,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import random
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("epp.tracing")
 
 _perf = time.perf_counter
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})(?:-.*)?")
 SCOPE = "epp"
 DEFAULT_SAMPLE_RATIO = 0.1
 DEFAULT_COLLECTOR = "localhost:4317"
@@ -75,7 +79,7 @@ class _Tag:
     """Which plugin a timer times: its span's name, group and attributes."""
 
     span: str
-    group: str  # "producer", "handler", "filter", "scorer", "picker"
+    group: str  # "producer", "filter", "scorer", "picker"
     profile: str | None
     attributes: tuple[tuple[str, Any], ...]
 
@@ -122,11 +126,8 @@ def instrument(scheduler: Scheduler) -> None:
         wrap(t, _Tag(f"llm_d.epp.data_producer.{_type(p)}", "producer", None, _plugin_attrs(p)))
         for p, t in zip(s.producers, s._producer_timers, strict=True)
     ]
-    handler = _plugin_attrs(s.handler)
-    s._pick_timer = wrap(s._pick_timer, _Tag("pick_profiles", "handler", None, handler))
-    s._results_timer = wrap(
-        s._results_timer, _Tag("process_profile_results", "handler", None, handler)
-    )
+    # The profile handler's two calls (a few µs) get no span: each costs the SDK about as
+    # much as the scheduling it would show (docs/observability.md, "Tracing").
     for name, prof in s.profiles.items():
         prof._filter_timers = [
             wrap(t, _Tag(f"llm_d.epp.filter.{_type(f)}", "filter", name, _plugin_attrs(f)))
@@ -152,10 +153,13 @@ def instrument(scheduler: Scheduler) -> None:
 class RequestTracer:
     """The process's tracer: one `RequestTrace` per request."""
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, ratio: float | None = None) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
+        # parentbased_traceidratio decided here (None: the SDK's configured sampler decides)
+        self.ratio = ratio
+        self._random = random.random
         self.tracer = provider.get_tracer(SCOPE)
         self.propagator = TraceContextTextMapPropagator()
         # perf_counter seconds → epoch ns (OpenTelemetry's timestamps)
@@ -164,10 +168,20 @@ class RequestTracer:
     def ns(self, perf: float) -> int:
         return int(perf * 1e9) + self._offset
 
-    def start(self, headers: Mapping[str, str], attributes: dict[str, Any]) -> RequestTrace:
+    def start(self, headers: Mapping[str, str], attributes: dict[str, Any]) -> RequestTrace | None:
+        """The request's trace, or None when it is not sampled: no span, and no header
+        set (a client's own traceparent reaches the model server unchanged)."""
         from opentelemetry.trace import SpanKind
 
-        parent = self.propagator.extract(headers) if "traceparent" in headers else None
+        header = headers.get("traceparent")
+        if self.ratio is not None:
+            flags = _sampled_flag(header) if header is not None else None
+            if flags is None:  # a root (or an unreadable parent: a new root, as the SDK)
+                if self._random() >= self.ratio:
+                    return None
+            elif not flags:
+                return None
+        parent = self.propagator.extract(headers) if header is not None else None
         span = self.tracer.start_span(
             "gateway.request", context=parent, kind=SpanKind.SERVER, attributes=attributes
         )
@@ -175,6 +189,15 @@ class RequestTracer:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def _sampled_flag(traceparent: str) -> bool | None:
+    """The sampled bit of a W3C traceparent (version-traceid-parentid-flags), None if it
+    is not one."""
+    m = _TRACEPARENT.fullmatch(traceparent.strip())
+    if m is None or m.group(1) == "ff" or set(m.group(2)) == {"0"}:
+        return None
+    return bool(int(m.group(3), 16) & 1)
 
 
 class RequestTrace:
@@ -293,34 +316,44 @@ class RequestTrace:
         self.span.end()
 
 
-def build_tracer(exporter: SpanExporter | None = None, service: str | None = None) -> RequestTracer:
+def build_tracer(
+    exporter: SpanExporter | None = None, service: str | None = None, batch: bool = False
+) -> RequestTracer:
     """A tracer from the OpenTelemetry environment (see the module doc); `exporter`
-    replaces the configured one (tests: an in-memory exporter, exported at once)."""
+    replaces the configured one (tests: an in-memory exporter, exported at once; with
+    `batch`, through the batch processor as a configured one is)."""
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import ParentBased
     except ImportError as e:
         raise RuntimeError(
             "--tracing needs the OpenTelemetry SDK and OTLP exporter: pip install 'epp[tracing]' "
             f"({e})"
         ) from None
-    sampler = None
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    sampler, ratio = None, None
     if "OTEL_TRACES_SAMPLER" not in os.environ:
+        # llm-d-router's default, parentbased_traceidratio, decided by `RequestTracer.start`
+        # before the SDK is called: a dropped request then costs no span at all. The SDK
+        # samples what it is given (a sampled parent, or a root that drew under the ratio).
         ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", DEFAULT_SAMPLE_RATIO))
-        sampler = ParentBased(TraceIdRatioBased(ratio))  # llm-d-router's default
+        if not 0.0 <= ratio <= 1.0:
+            raise RuntimeError(f"OTEL_TRACES_SAMPLER_ARG must be within 0..1, got {ratio}")
+        sampler = ParentBased(ALWAYS_ON)
     resource = Resource.create(
         {"service.name": service or os.environ.get("OTEL_SERVICE_NAME", "epp")}
     )
     provider = TracerProvider(resource=resource, sampler=sampler)
-    if exporter is not None:
+    if exporter is not None and not batch:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
-        configured = _exporter_from_env()
+        configured = exporter if exporter is not None else _exporter_from_env()
         if configured is not None:
             provider.add_span_processor(BatchSpanProcessor(configured))
-    return RequestTracer(provider)
+    return RequestTracer(provider, ratio)
 
 
 def _exporter_from_env() -> SpanExporter | None:

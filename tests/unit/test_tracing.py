@@ -85,19 +85,30 @@ def test_a_refused_request_ends_its_trace_with_the_status(traced):
     assert "traceparent" not in BASE_HEADERS
 
 
-def test_an_unsampled_request_records_nothing_but_still_propagates(monkeypatch):
-    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+@pytest.mark.parametrize(
+    ("ratio", "parent", "traced"),
+    [
+        ("0", None, False),  # a root that drew over the ratio
+        ("1.0", None, True),
+        ("0", CLIENT_PARENT, True),  # a sampled parent is followed whatever the ratio
+        ("1.0", CLIENT_PARENT[:-2] + "00", False),  # so is an unsampled one
+        ("0", "garbage", False),  # unreadable: a new root, by the ratio
+    ],
+)
+def test_sampling_is_parent_based_then_by_ratio(monkeypatch, ratio, parent, traced):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", ratio)
     exporter = InMemorySpanExporter()
     tracer = build_tracer(exporter)
     director, _ = make_director()
     instrument(director.scheduler)
     s = RequestStream(director, 1 << 20, tracer=tracer)
-    s.handle(headers_msg(BASE_HEADERS))
+    headers = BASE_HEADERS if parent is None else {**BASE_HEADERS, "traceparent": parent}
+    s.handle(headers_msg(headers))
     out = s.handle(body_msg(BODY, True))
     s.close()
-    assert exporter.get_finished_spans() == ()
-    flags = int(set_headers(out[0])["traceparent"].rsplit("-", 1)[1], 16)
-    assert flags & 1 == 0  # not sampled, and still one trace through the model server
+    assert bool(exporter.get_finished_spans()) is traced
+    # untraced: nothing set, a client's own traceparent goes on unchanged through Envoy
+    assert ("traceparent" in set_headers(out[0])) is traced
 
 
 def test_without_a_tracer_no_traceparent_is_added():
