@@ -141,6 +141,40 @@ def messages(extra: dict[str, str] | None = None, body: bytes | None = None) -> 
     return [first.SerializeToString(), last.SerializeToString()]
 
 
+# `--tracing RATIO`: the tracer every stream gets (epp/tracing.py); None = tracing off.
+TRACER = None
+
+
+def start_tracing(ratio: float) -> None:
+    """Tracing on at `ratio` sampling, finished spans encoded to OTLP protobuf in batches
+    of 512 in this thread (what the batch processor's thread does, minus the network)."""
+    global TRACER
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from epp.tracing import build_tracer
+
+    class Encoding(SpanExporter):
+        def __init__(self) -> None:
+            self.batch: list = []
+
+        def export(self, spans):
+            self.batch.extend(spans)
+            if len(self.batch) >= 512:
+                encode_spans(self.batch).SerializeToString()
+                self.batch = []
+            return SpanExportResult.SUCCESS
+
+    os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
+    TRACER = build_tracer(Encoding())
+
+
+def _stream(director: Director) -> RequestStream:
+    if TRACER is None:
+        return RequestStream(director, 32 << 20)
+    return RequestStream(director, 32 << 20, tracer=TRACER)
+
+
 def build(n: int, config: Path | None = None, spread: bool = False) -> Director:
     """The director over `n` endpoints; with `spread`, the prompt already cached on every
     one (`spread_prompt`)."""
@@ -157,6 +191,10 @@ def build(n: int, config: Path | None = None, spread: bool = False) -> Director:
     else:
         cfg = load_config_file(config, handle, registry)
     director = Director(ds, cfg.scheduler, cfg.pre_request, random.Random(0))
+    if TRACER is not None:
+        from epp.tracing import instrument
+
+        instrument(director.scheduler)
     if spread:
         spread_prompt(director)
     return director
@@ -192,7 +230,7 @@ def measure(
     for b in range(batches + 1):
         c0 = time.thread_time()
         for _ in range(requests // batches):
-            stream = RequestStream(director, 32 << 20)
+            stream = _stream(director)
             for data in raw:
                 stream.handle(pb.ProcessingRequest.FromString(data))
             stream.close()
@@ -209,7 +247,10 @@ def servicer_runner(n: int, spread: bool = False) -> Callable[[int], None]:
 
     from epp.extproc.server import ExtProcServicer
 
-    servicer = ExtProcServicer(build(n, spread=spread))
+    director = build(n, spread=spread)
+    servicer = (
+        ExtProcServicer(director) if TRACER is None else ExtProcServicer(director, tracer=TRACER)
+    )
     raw = messages()
     loop = asyncio.new_event_loop()
 
@@ -258,6 +299,7 @@ def instructions(checkout: Path | None, args: argparse.Namespace) -> float:
             "--_callgrind-child", "--endpoints", str(args.endpoints),
             "--requests", str(args.requests), *(["--servicer"] if args.servicer else []),
             *(["--spread"] if args.spread else []), "--api", args.api,
+            *_tracing_argv(args, checkout),
         ]  # fmt: skip
         subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True)
         [dump] = [p for p in Path(tmp).iterdir() if p.name != out.name]  # the -d dump
@@ -276,7 +318,7 @@ def callgrind_child(args: argparse.Namespace) -> None:
 
         def run(count: int) -> None:
             for _ in range(count):
-                stream = RequestStream(director, 32 << 20)
+                stream = _stream(director)
                 for data in raw:
                     stream.handle(pb.ProcessingRequest.FromString(data))
                 stream.close()
@@ -286,6 +328,11 @@ def callgrind_child(args: argparse.Namespace) -> None:
     time.sleep(0.5)  # callgrind polls for the command
     run(args.requests)
     subprocess.run(dump, check=True, capture_output=True)
+
+
+def _tracing_argv(args: argparse.Namespace, checkout: Path | None) -> list[str]:
+    """--tracing for a child measuring this checkout (a baseline has no tracing)."""
+    return ["--tracing", str(args.tracing)] if args.tracing is not None and checkout is None else []
 
 
 def child(checkout: Path | None, args: argparse.Namespace) -> float:
@@ -299,6 +346,7 @@ def child(checkout: Path | None, args: argparse.Namespace) -> float:
         str(args.endpoints), "--requests", str(args.requests), "--batches", str(args.batches),
         *(["--servicer"] if args.servicer else []), *(["--spread"] if args.spread else []),
         "--api", args.api,
+        *_tracing_argv(args, checkout),
     ]  # fmt: skip
     out = subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["cpu_us_per_request"]
@@ -332,9 +380,19 @@ def main() -> None:
         default="completions",
         help="the request's API: a completion, or one conversation as chat or as Messages",
     )
+    ap.add_argument(
+        "--tracing",
+        type=float,
+        metavar="RATIO",
+        help="tracing on (epp/tracing.py) at this sampling ratio, spans OTLP-encoded in the "
+        "request's thread; with --baseline, this checkout only (the baseline has none)",
+    )
     args = ap.parse_args()
     global API
     API = args.api
+    measures_here = args.callgrind_child or (args.baseline is None and not args.instructions)
+    if args.tracing is not None and measures_here:
+        start_tracing(args.tracing)
     extra = {}
     for h in args.header:
         name, sep, value = h.partition(":")

@@ -56,6 +56,7 @@ class EndpointMetrics:
     max_active_models: int = 0
     cache_block_size: int = 0
     cache_num_blocks: int = 0
+    cache_offload_blocks: int = 0  # off-GPU (CPU offload) blocks, when reported
     update_time: float = 0.0
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from epp.admission import Admission
 from epp.datastore import Datastore, EndpointSnapshot
 from epp.errors import EppError, not_found, unavailable
+from epp.logsafe import clip
 from epp.observability import (
     REQUEST_ERRORS,
     REQUESTS_TOTAL,
@@ -45,6 +46,11 @@ from epp.scheduling.types import (
 if TYPE_CHECKING:
     from epp.flowcontrol.controller import FlowController
     from epp.rewrite import ModelRewrites
+
+# A 404 names the unknown model and the served ones, clipped: the name is the client's
+# (a 1 MB model name once made a 1 MB error body), the list grows with LoRA adapters.
+MAX_ECHOED_MODEL = 256
+MAX_LISTED_MODELS = 20
 
 log = logging.getLogger("epp.director")
 
@@ -165,8 +171,8 @@ class Director:
             serving = [s for s in snaps if s.serves(request.target_model)]
             if not serving:
                 raise not_found(
-                    f"model '{request.target_model}' is not served by this pool"
-                    + _known_models_hint(snaps)
+                    f"model '{clip(request.target_model, MAX_ECHOED_MODEL)}' is not served "
+                    "by this pool" + _known_models_hint(snaps)
                 )
             snaps = serving
         active = [s for s in snaps if not s.draining]
@@ -357,4 +363,8 @@ def _restrict_to_subset(
 
 def _known_models_hint(snaps: list[EndpointSnapshot]) -> str:
     known = sorted(set().union(*(s.models or () for s in snaps)))
-    return f"; served models: {', '.join(known)}" if known else ""
+    if not known:
+        return ""
+    more = f" and {len(known) - MAX_LISTED_MODELS} more" if len(known) > MAX_LISTED_MODELS else ""
+    names = ", ".join(clip(k, MAX_ECHOED_MODEL) for k in known[:MAX_LISTED_MODELS])
+    return f"; served models: {names}{more}"

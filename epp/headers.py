@@ -41,3 +41,5 @@ DROPPED_REASON = "x-llm-d-request-dropped-reason"
 
 # Response header naming the simulator replica that answered (`epp sim`).
 SIM_SERVER = "x-sim-server"
+# The simulator echoes the traceparent it received (epp/sim/server.py).
+SIM_TRACEPARENT = "x-sim-traceparent"

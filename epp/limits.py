@@ -19,6 +19,8 @@ here, once.
 - `max_buffered_bytes` (256 MiB): request-body bytes held across all open streams
   (each stream may hold up to `--max-body-bytes`); 60 slow 32 MiB bodies once cost
   1.8 GiB. A chunk that would cross it gets 503 (retry later), not the process's memory.
+  How it is shared between clients (per connection, per source address, a reserve for
+  small requests, a minimum body data rate): epp/body_budget.py.
 - `body_timeout` (30 s): a body with no `end_of_stream` within this after its headers
   is answered 408 and its bytes are freed.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epp.body_budget import BodyBudget as BodyBudget  # the budget lives there
 from epp.errors import EppError
 from epp.session_key import DEFAULT_SOURCES
 
@@ -92,33 +95,6 @@ class HeaderLimits:
                 "including the endpoint picker's own: send smaller headers",
                 "request_header_fields_too_large",
             )
-
-
-class BodyBudget:
-    """Request-body bytes held across every open stream, bounded by `limit`.
-
-    Single-threaded by design: only the event loop's streams take and give back.
-    """
-
-    def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"max_buffered_bytes must be >= 1, got {limit}")
-        self.limit = limit
-        self.held = 0
-
-    def take(self, n: int) -> None:
-        """Reserve `n` bytes or raise EppError(503) (the server is buffering too much)."""
-        if self.held + n > self.limit:
-            raise EppError(
-                503,
-                f"the endpoint picker is holding {self.held} bytes of request bodies, at its "
-                f"limit of {self.limit} (epp serve --max-buffered-bytes); retry shortly",
-                "body_buffer_full",
-            )
-        self.held += n
-
-    def give_back(self, n: int) -> None:
-        self.held = max(0, self.held - n)
 
 
 def prompt_too_long(tokens: int, limit: int) -> EppError:

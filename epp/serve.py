@@ -10,6 +10,8 @@ thing in-process, for tests. The flags are in `epp.serve_args`, the options they
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import asyncio
 import contextlib
@@ -66,6 +68,9 @@ from epp.status.routes import add_status_routes
 
 # `epp serve` is this module (epp/cli.py): its flags and its run; tests build the options.
 __all__ = ["EppServer", "ServeOptions", "add_arguments", "options_from_args", "run"]
+
+if TYPE_CHECKING:
+    from epp.tracing import RequestTracer
 
 log = logging.getLogger("epp")
 
@@ -149,6 +154,7 @@ class EppServer:
         self.health_port = 0
         self.metrics_port = 0
         self.servicer = None
+        self.tracer: RequestTracer | None = None
         self._planner_ticks = planner_ticks
         self.planner: PlannerThread | None = None
         self.elector: Elector | None = None
@@ -219,6 +225,7 @@ class EppServer:
             routes=route_table(o.response_observer, o.response_log, o.response_log_timeout)
             if self.observer
             else None,
+            tracer=self._start_tracing() if o.tracing else None,
         )
         self._servers = [main, health_srv]
         self.servicer = servicer
@@ -317,7 +324,18 @@ class EppServer:
             )
         return done
 
+    def _start_tracing(self) -> RequestTracer:
+        from epp.tracing import build_tracer, instrument
+
+        self.tracer = build_tracer()
+        instrument(self.director.scheduler)
+        log.info("tracing on: OpenTelemetry spans per request (epp/tracing.py)")
+        return self.tracer
+
     async def stop(self) -> None:
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)  # flushes what is batched
+            self.tracer = None
         if self.planner is not None:
             await stop_live_planner(self.planner)
             self.planner = None

@@ -10,6 +10,7 @@ import os
 import random
 
 from epp.admission import Objectives, load_objectives_file
+from epp.body_budget import add_body_share_flags, body_shares_from_args
 from epp.composition import install_plugins
 from epp.config.errors import ConfigError
 from epp.config.loader import LoadedConfig, load_config_file, load_default_config
@@ -99,6 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a request whose body has not ended this long after the stream opened "
         f"gets 408 ({DEFAULT_BODY_TIMEOUT:g})",
     )
+    add_body_share_flags(p)
     defaults, headers = BodyLimits(), HeaderLimits()
     p.add_argument(
         "--max-json-depth",
@@ -221,6 +223,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(429 while the saturation detector says the pool is saturated)",
     )
     election_cli.add_arguments(p)
+    p.add_argument(
+        "--tracing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="OpenTelemetry spans for each request's stages, W3C traceparent to the model "
+        "server, exported as the OTEL_* environment says (OTLP to localhost:4317 by "
+        "default; sampled 10%% unless OTEL_TRACES_SAMPLER says otherwise: llm-d-router's "
+        "defaults). Off by default (llm-d-router defaults it on, printing spans to stdout); "
+        "needs pip install 'epp[tracing]'",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed the tie-breaking random source")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -283,6 +295,7 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         health_port=args.health_port,
         metrics_port=args.metrics_port,
         limits=limits,
+        tracing=args.tracing,
         drain_timeout=args.drain_timeout,
         refresh_metrics_interval=args.refresh_metrics_interval,
         refresh_metrics_max_interval=hi,
@@ -357,6 +370,7 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
                 args.max_json_depth, args.max_messages, args.max_prompt_tokens, sources
             ),
             headers=HeaderLimits(args.max_request_headers, args.max_request_headers_kb),
+            shares=body_shares_from_args(args),
         )
     except ValueError as e:
         raise ConfigError("", f"--max-request-headers: {e}") from None

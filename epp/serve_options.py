@@ -63,6 +63,8 @@ class ServeOptions:
     # `--response-path observer`: the response comes on Envoy's second, observability-mode
     # ext_proc stream (deploy/envoy/envoy-observer.yaml), off the client's path.
     response_observer: bool = False
+    # `--tracing`: OpenTelemetry spans per request stage (epp/tracing.py).
+    tracing: bool = False
     # `--response-path log` (the default): the response is measured inside Envoy and
     # reported in its access log (epp/extproc/access_log.py); a request whose entry does
     # not come within `response_log_timeout` seconds is given back unmeasured.

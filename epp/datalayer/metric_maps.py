@@ -127,6 +127,8 @@ class EngineMap:
     lora: tuple[MetricSpec, ...] = ()
     block_size: tuple[MetricSpec, ...] = ()
     num_blocks: tuple[MetricSpec, ...] = ()
+    # KV blocks the server keeps off the GPU (CPU offload), when it reports them
+    offload_blocks: tuple[MetricSpec, ...] = ()
     families: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -141,6 +143,7 @@ class EngineMap:
             self.lora,
             self.block_size,
             self.num_blocks,
+            self.offload_blocks,
         )
 
     def core_families(self) -> list[str]:
@@ -159,6 +162,9 @@ VLLM = EngineMap(
     lora=_specs(MetricSpec("vllm:lora_requests_info")),
     block_size=_specs(MetricSpec("vllm:cache_config_info", label="block_size")),
     num_blocks=_specs(MetricSpec("vllm:cache_config_info", label="num_gpu_blocks")),
+    # CacheConfig.num_cpu_blocks: the CPU-tier blocks (a label like the others; "None"
+    # when the server keeps no KV off the GPU, which reads as unreported)
+    offload_blocks=_specs(MetricSpec("vllm:cache_config_info", label="num_cpu_blocks")),
 )
 
 SGLANG = EngineMap(
@@ -318,5 +324,8 @@ def extract(
     blocks = _values(emap.num_blocks, samples_by_family)
     if blocks and math.isfinite(max(blocks)):
         changes["cache_num_blocks"] = max(0, int(max(blocks)))
+    offload = _values(emap.offload_blocks, samples_by_family)
+    if offload and math.isfinite(max(offload)):
+        changes["cache_offload_blocks"] = max(0, int(max(offload)))
 
     return replace(base, **changes)  # type: ignore[arg-type]

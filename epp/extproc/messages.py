@@ -235,3 +235,44 @@ def subset_hint(request: pb.ProcessingRequest) -> list[str] | None:
     if value.HasField("string_value"):
         return [s.strip() for s in value.string_value.split(",") if s.strip()]
     return []
+
+
+# Envoy's request attributes for the ext_proc filter (`request_attributes` in its config;
+# deploy/envoy/envoy.yaml asks for these two), under the filter's own name.
+EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"
+SOURCE_ADDRESS_ATTR = "source.address"
+CONNECTION_ID_ATTR = "connection.id"
+
+
+def client_of(
+    request: pb.ProcessingRequest, headers: Mapping[str, str]
+) -> tuple[str | None, str | None]:
+    """(source address without port, downstream connection id) of the client, for its
+    share of the body budget (epp/body_budget.py). The address is Envoy's
+    `source.address` attribute, else the last `x-forwarded-for` entry (the one the
+    gateway appended; earlier entries are the client's to forge); None when neither."""
+    source = connection = None
+    attrs = request.attributes
+    if EXT_PROC_ATTRIBUTES in attrs:
+        fields = attrs[EXT_PROC_ATTRIBUTES].fields
+        if SOURCE_ADDRESS_ATTR in fields:
+            source = _host_of(fields[SOURCE_ADDRESS_ATTR].string_value) or None
+        if CONNECTION_ID_ATTR in fields:
+            v = fields[CONNECTION_ID_ATTR]
+            connection = v.string_value or (
+                str(int(v.number_value)) if v.HasField("number_value") else None
+            )
+    if source is None:
+        xff = headers.get("x-forwarded-for", "")
+        if xff:
+            source = _host_of(xff.rsplit(",", 1)[-1].strip()) or None
+    return source, connection
+
+
+def _host_of(address: str) -> str:
+    """`address` without its port: 10.0.0.1:5000 → 10.0.0.1, [::1]:5000 → ::1."""
+    if address.startswith("["):
+        return address[1 : address.find("]")] if "]" in address else address
+    if address.count(":") == 1:
+        return address.split(":", 1)[0]
+    return address  # a bare IPv6 address, or a pipe path

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.service.accesslog.v3 import als_pb2_grpc
@@ -27,6 +28,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from epp.body_budget import BodyShares
 from epp.completion import ResponseObserver
 from epp.datastore import Datastore
 from epp.director import Director
@@ -37,6 +39,9 @@ from epp.extproc.observer import ObserverStream
 from epp.extproc.stream import Phase, RequestStream
 from epp.extproc.tls import ServerCert, server_credentials
 from epp.limits import BodyBudget, BodyLimits, HeaderLimits
+
+if TYPE_CHECKING:
+    from epp.tracing import RequestTracer
 
 log = logging.getLogger("epp.extproc")
 
@@ -57,6 +62,7 @@ class StreamLimits:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     body: BodyLimits = field(default_factory=BodyLimits)
     headers: HeaderLimits = field(default_factory=HeaderLimits)
+    shares: BodyShares = field(default_factory=BodyShares)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -71,13 +77,45 @@ class _BodyDeadline:
     of an `asyncio.timeout_at` (a Timeout object and a TimerHandle) around every message
     wait. When it fires while the stream waits for a message, that wait is cancelled and
     raises TimeoutError, as `asyncio.timeout_at` did; a wait that starts after it fired
-    raises TimeoutError at once."""
+    raises TimeoutError at once.
 
-    __slots__ = ("_at", "_cancelling", "_expired", "_handle", "_loop", "_task", "_waiting")
+    With a minimum body data rate (`min_rate` bytes/s after `grace` seconds, Kestrel's
+    MinRequestBodyDataRate), the deadline is also the moment the body's average rate
+    since the stream's start would fall below it if nothing more came:
+    start + grace + received / min_rate. Bytes received move it later; the timer is not
+    re-armed per chunk: when it fires early it re-arms itself at the moved deadline."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+    __slots__ = (
+        "_at",
+        "_cancelling",
+        "_due_at",
+        "_expired",
+        "_handle",
+        "_loop",
+        "_rate",
+        "_received",
+        "_start",
+        "_task",
+        "_waiting",
+        "slow",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        seconds: float,
+        received: Callable[[], int] | None = None,
+        min_rate: float = 0.0,
+        grace: float = 0.0,
+    ) -> None:
         self._loop = loop
-        self._at = loop.time() + seconds
+        now = loop.time()
+        self._at = now + seconds
+        self._received = received if min_rate > 0 else None
+        self._rate = min_rate
+        self._start = now + grace
+        self.slow = False  # the rate deadline fired, not the body timeout
+        self._due_at = self._at if self._received is None else min(self._at, self._start)
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[object] | None = None
         self._waiting = False
@@ -87,14 +125,23 @@ class _BodyDeadline:
     # A wait in three calls, inlined in the servicer's loop (no coroutine per message):
     # begin() before the wait, fired() on CancelledError (True: the timer's, raise
     # TimeoutError), end() after it however it went.
+    def _due(self) -> float:
+        if self._received is None:
+            return self._at
+        return min(self._at, self._start + self._received() / self._rate)
+
     def begin(self) -> None:
         """Start a wait; raises TimeoutError if the deadline has passed."""
-        if self._expired or self._loop.time() >= self._at:
-            self._expired = True
-            raise TimeoutError
+        # `_due_at` is a lower bound (bytes only move the deadline later): recomputed only
+        # when it has passed, so a wait usually costs one comparison, as before the rate.
+        if self._expired or self._loop.time() >= self._due_at:
+            self._due_at = self._due()
+            if self._expired or self._loop.time() >= self._due_at:
+                self._expire()
+                raise TimeoutError
         if self._handle is None:
             self._task = asyncio.current_task()
-            self._handle = self._loop.call_at(self._at, self._fire)
+            self._handle = self._loop.call_at(self._due_at, self._fire)
         if self._task is not None:
             self._cancelling = self._task.cancelling()
         self._waiting = True
@@ -108,9 +155,18 @@ class _BodyDeadline:
     def end(self) -> None:
         self._waiting = False
 
+    def _expire(self) -> None:
+        if not self._expired:
+            self._expired = True
+            self.slow = self._loop.time() < self._at
+
     def _fire(self) -> None:
         self._handle = None
-        self._expired = True
+        due = self._due_at = self._due()
+        if self._loop.time() < due:  # bytes came meanwhile: the rate deadline moved on
+            self._handle = self._loop.call_at(due, self._fire)
+            return
+        self._expire()
         if self._waiting and self._task is not None:
             self._task.cancel()
 
@@ -127,6 +183,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         limits: StreamLimits | None = None,
         observer: ResponseObserver | None = None,
         routes: RouteTable | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         if routes is not None and observer is None:
             raise ValueError("the observer mode (routes) needs the response observer")
@@ -134,13 +191,14 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
         self.limits = limits or StreamLimits()
         self.max_body_bytes = self.limits.max_body_bytes
         self.observer = observer
-        self.budget = BodyBudget(self.limits.max_buffered_bytes)
+        self.budget = BodyBudget(self.limits.max_buffered_bytes, self.limits.shares)
         self.open_streams = 0
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
         self._warned_no_response = False
         self.routes = routes
+        self.tracer = tracer  # epp/tracing.py; None: tracing off
         self._sweep_timer: asyncio.TimerHandle | None = None
         self._warned: set[str] = set()
 
@@ -160,10 +218,18 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             header_limits=lim.headers,
             budget=self.budget,
             routes=self.routes,
+            tracer=self.tracer,
         )
         self.open_streams += 1
         self._idle.clear()
-        deadline = _BodyDeadline(asyncio.get_running_loop(), lim.body_timeout)
+        shares = lim.shares
+        deadline = _BodyDeadline(
+            asyncio.get_running_loop(),
+            lim.body_timeout,
+            lambda: stream.body_bytes,
+            shares.min_rate,
+            shares.rate_grace,
+        )
         messages = aiter(request_iterator)
         first = True
         try:
@@ -198,7 +264,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
-                    for resp in stream.body_timed_out(lim.body_timeout):
+                    if deadline.slow:
+                        out = stream.body_too_slow(shares.min_rate, shares.rate_grace)
+                    else:
+                        out = stream.body_timed_out(lim.body_timeout)
+                    for resp in out:
                         yield resp
                     break
                 if first:
@@ -362,6 +432,7 @@ async def start_grpc_servers(
     limits: StreamLimits | None = None,
     tls: ServerCert | None = None,
     routes: RouteTable | None = None,
+    tracer: RequestTracer | None = None,
 ) -> tuple[grpc.aio.Server, grpc.aio.Server, ExtProcServicer, HealthReporter, int, int]:
     """Start the ext_proc server (also answering health) and the separate health server.
 
@@ -375,7 +446,7 @@ async def start_grpc_servers(
     if limits is None:
         limits = StreamLimits(max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     health_reporter = HealthReporter(datastore)
-    servicer = ExtProcServicer(director, limits, observer, routes)
+    servicer = ExtProcServicer(director, limits, observer, routes, tracer)
     options = [
         ("grpc.max_receive_message_length", limits.max_body_bytes + 1024 * 1024),
         ("grpc.max_send_message_length", limits.max_body_bytes + 1024 * 1024),

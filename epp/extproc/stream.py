@@ -43,10 +43,12 @@ import enum
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from epp.body_budget import BodyTicket
 from epp.completion import ResponseObserver
 from epp.director import Director, RoutingDecision
 from epp.errors import EVICTED_PRIORITY, EppError, internal_error, timed_out, too_large
@@ -69,6 +71,9 @@ from epp.request import (
 from epp.response import ResponseMeter
 from epp.rewrite import ModelRewrites
 from epp.scheduling.types import CycleState
+
+if TYPE_CHECKING:
+    from epp.tracing import RequestTrace, RequestTracer
 
 log = logging.getLogger("epp.extproc")
 
@@ -122,8 +127,12 @@ class RequestStream:
         header_limits: HeaderLimits | None = None,
         budget: BodyBudget | None = None,
         routes: RouteTable | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.director = director
+        # epp/tracing.py: None (off) costs one `is None` test per stage
+        self.tracer = tracer
+        self.trace: RequestTrace | None = None
         self.max_body_bytes = max_body_bytes
         self.observer = observer
         self.clock = clock
@@ -132,7 +141,7 @@ class RequestStream:
         self.header_limits = header_limits or HeaderLimits()
         # Bytes of this stream's body reserved in the server-wide budget (epp/limits.py).
         self.budget = budget
-        self._budgeted = 0
+        self._ticket: BodyTicket | None = None
         self.routes = routes
         self.phase = Phase.AWAIT_HEADERS
         self.request_body_mode = FULL_DUPLEX
@@ -241,6 +250,7 @@ class RequestStream:
         if raw is not None:
             assert self.request is not None
             director = self.director if self.director.prepares else None
+            t0 = time.perf_counter()
             try:
                 outcome: _Parsed | Exception
                 outcome = await asyncio.to_thread(
@@ -249,6 +259,8 @@ class RequestStream:
             except Exception as e:  # raised again by _complete, on the usual error path
                 outcome = e
             self._preparsed = (raw, outcome)
+            if self.trace is not None:
+                self.trace.stage("llm_d.epp.parse", t0, time.perf_counter(), off_loop=True)
         flow = self.director.flow_control
         if flow is not None and self.phase is Phase.GATHER_BODY and self._routes_now(msg):
             try:
@@ -278,7 +290,17 @@ class RequestStream:
         raw, outcome = self._preparsed
         if isinstance(outcome, Exception):
             return
-        await flow.acquire(outcome[0], len(raw))
+        if self.trace is None:
+            await flow.acquire(outcome[0], len(raw))
+            return
+        t0, admitted = time.perf_counter(), False
+        try:
+            await flow.acquire(outcome[0], len(raw))
+            admitted = True
+        finally:
+            self.trace.stage(
+                "llm_d.epp.flow_control.wait", t0, time.perf_counter(), admitted=admitted
+            )
 
     def _routes_now(self, msg: pb.ProcessingRequest) -> bool:
         """`msg` completes the request, so handling it routes."""
@@ -321,11 +343,28 @@ class RequestStream:
             )
         )
 
+    def body_too_slow(self, min_rate: float, grace: float) -> list[pb.ProcessingResponse]:
+        """The body arrives slower than `min_rate` bytes/s on average (after `grace`
+        seconds): a 408 long before the body timeout, and its bytes freed."""
+        if self.phase is not Phase.GATHER_BODY and self.phase is not Phase.AWAIT_HEADERS:
+            return []
+        return self._reject(
+            EppError(
+                408,
+                f"request body arrived too slowly ({self._size} bytes so far): the minimum "
+                f"is {min_rate:g} bytes/s on average after the first {grace:g}s (set by epp "
+                "serve --min-body-rate)",
+                "request_body_too_slow",
+            )
+        )
+
     def close(self) -> None:
         """The stream ended (normally, by error or by cancellation): give back what we hold."""
         self._drop_body()
         if self.leg is not None and self.phase is not Phase.DONE:
             self._end_response(complete=False)
+        if self.trace is not None:
+            self.trace.end()  # routed in observer mode, or refused: no-op if it ended
 
     # ---- response phases --------------------------------------------------
     def _on_response_headers(self, headers: pb.HttpHeaders) -> list[pb.ProcessingResponse]:
@@ -335,6 +374,8 @@ class RequestStream:
             # or a gateway that programs its own ext_proc): measure it here, as `on` does,
             # rather than hold the request until an access-log entry that may never come.
             self.leg = self.routes.take_back(self._route_id)
+        if self.trace is not None:
+            self.trace.response_started()
         if self.leg is not None:
             self.leg.headers(headers)
         if headers.end_of_stream:
@@ -360,6 +401,9 @@ class RequestStream:
             assert self._evictor is not None
             self._evictor.ended(self._running, self.clock())
             self._running = None
+        if self.trace is not None:
+            status = self.leg.status if self.leg is not None else 0
+            self.trace.end(status or None, complete=complete)
 
     # ---- in-flight eviction ------------------------------------------------
     def _track_for_eviction(self) -> None:
@@ -433,11 +477,16 @@ class RequestStream:
             self._route_id = route_id
         return {ROUTE_ID: route_id}
 
+    @property
+    def body_bytes(self) -> int:
+        """Request-body bytes received so far (the servicer's minimum-rate timer)."""
+        return self._size
+
     def _drop_body(self) -> None:
         self._chunks = []
-        if self.budget is not None and self._budgeted:
-            self.budget.give_back(self._budgeted)
-        self._budgeted = 0
+        if self._ticket is not None and self._ticket.held:
+            assert self.budget is not None
+            self.budget.release(self._ticket)
 
     # ---- request phases ---------------------------------------------------
     def _on_request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
@@ -448,6 +497,8 @@ class RequestStream:
         # Set on the upstream request when missing or replaced (invalid: see request.py).
         self._generated_id = req.request_id != headers.get(REQUEST_ID)
         self.request = req  # before the header check, so a 431 is logged with its id
+        if self.tracer is not None:
+            self.trace = self.tracer.start(headers, {"llm_d.epp.request.id": req.request_id})
         self._check_header_limits(msg.request_headers, headers, regular, size)
         self.subset = m.subset_hint(msg)
         if msg.request_headers.end_of_stream:
@@ -462,6 +513,12 @@ class RequestStream:
                 )
             ]
         self.phase = Phase.GATHER_BODY
+        if self.budget is not None:
+            source, connection = m.client_of(msg, headers)
+            declared = headers.get("content-length", "")
+            self._ticket = self.budget.ticket(
+                source, connection, int(declared) if declared.isdigit() else 0
+            )
         if self.request_body_mode == FULL_DUPLEX:
             return []
         # Envoy waits for this answer before it sends the body.
@@ -481,6 +538,7 @@ class RequestStream:
             + (self._generated_id and REQUEST_ID not in headers)
             + ("content-length" not in headers and not raw.end_of_stream)
             + (self.routes is not None and ROUTE_ID not in headers)
+            + (self.tracer is not None and "traceparent" not in headers)
         )
         self.header_limits.check(regular, size, added)
 
@@ -494,8 +552,7 @@ class RequestStream:
                 "(set by epp serve --max-body-bytes)"
             )
         if self.budget is not None:
-            self.budget.take(len(body.body))
-            self._budgeted += len(body.body)
+            self.budget.take(len(body.body), self._ticket)
         self._chunks.append(body.body)
         if not body.end_of_stream:
             return []
@@ -511,19 +568,33 @@ class RequestStream:
         assert self.request is not None
         n_chunks = len(self._chunks)
         preparsed, self._preparsed = self._preparsed, None
+        trace = self.trace
         if preparsed is None:
             raw = b"".join(self._chunks)
             self._drop_body()
-            req, new_body, state = _parse(
-                self.request, raw, self.body_limits, self.director.rewrites
-            )
+            if trace is None:
+                req, new_body, state = _parse(
+                    self.request, raw, self.body_limits, self.director.rewrites
+                )
+            else:
+                t0 = time.perf_counter()
+                req, new_body, state = _parse(
+                    self.request, raw, self.body_limits, self.director.rewrites
+                )
+                trace.stage("llm_d.epp.parse", t0, time.perf_counter(), bytes=len(raw))
         else:
             raw, outcome = preparsed
             self._drop_body()
             if isinstance(outcome, Exception):
                 raise outcome
             req, new_body, state = outcome
-        self.decision = self.director.route(req, self.subset, state)
+        if trace is None:
+            self.decision = self.director.route(req, self.subset, state)
+        else:
+            with trace.routing():
+                self.decision = self.director.route(req, self.subset, state)
+            trace.span.set_attribute("gen_ai.request.model", req.model)
+            trace.span.set_attribute("llm_d.epp.target_endpoint", self.decision.destinations[0])
         extra = self._routed()
         body = new_body if new_body is not None else raw
         set_headers, removals = self._routing_headers(body) | extra, self._removals()
@@ -561,6 +632,8 @@ class RequestStream:
             out[REQUEST_ID] = self.request.request_id
         if body is not None:
             out["content-length"] = str(len(body))
+        if self.trace is not None:
+            out.update(self.trace.headers())
         return out
 
     def _removals(self) -> list[str]:
@@ -577,6 +650,8 @@ class RequestStream:
             error.anthropic = True  # a Messages client reads Anthropic's error shape
         self.phase = Phase.REJECTED
         self._drop_body()
+        if self.trace is not None:
+            self.trace.end(error.status, **{"llm_d.epp.refusal": error.code or str(error.status)})
         self.refusals.record(self.request.request_id if self.request else "-", error)
         REQUESTS_REFUSED.labels(error.dropped_reason or error.code or str(error.status)).inc()
         return [m.immediate_response(error)]

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from epp.headers import SIM_SERVER
+from epp.headers import SIM_SERVER, SIM_TRACEPARENT
 from epp.sim.admin_routes import AdminRoutes
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
@@ -214,6 +214,11 @@ class SimServer:
 
     async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[SIM_SERVER] = self.name
+        # The W3C trace context the request came with, which a tracing vLLM continues
+        # (--otlp-traces-endpoint): echoed so a test can see what reached the server.
+        parent = request.headers.get("traceparent")
+        if parent is not None:
+            response.headers[SIM_TRACEPARENT] = parent
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:

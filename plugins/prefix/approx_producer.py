@@ -20,7 +20,8 @@ Blocks (GIE `approximateprefix`, reference §3.4):
   (`InferenceRequest.prompt_token_ids`). The ids are computed once per request and
   shared with any other plugin using the same tokenizer;
 - `autoTune`: the block size is the first candidate's `vllm:cache_config_info`
-  `block_size`, and each endpoint's LRU capacity its `num_gpu_blocks`, when reported.
+  `block_size`, and each endpoint's LRU capacity its `num_gpu_blocks`, when reported,
+  plus its `num_cpu_blocks` (the CPU offload tier's blocks), when reported.
 - `prompt_cache_key` (OpenAI's field): a request the index has no match for at all goes
   where the key's last request went, while that endpoint is not saturated
   (`cache_key_hint.py`).
@@ -230,7 +231,8 @@ class ApproxPrefixCacheProducer(Plugin):
 
     def _capacity(self, snap: EndpointSnapshot) -> int:
         if self.params.auto_tune and snap.metrics.cache_num_blocks > 0:
-            return snap.metrics.cache_num_blocks
+            # a server that offloads KV to CPU keeps those blocks' prefixes too
+            return snap.metrics.cache_num_blocks + snap.metrics.cache_offload_blocks
         return self.params.lru_capacity_per_server
 
     # ---- Lifecycle: forget endpoints that leave the pool ----------------------

@@ -17,9 +17,16 @@ target model and `cache_salt`. Multimodal keys in block 0 yield a seed no reques
 
 Per endpoint the blocks live in an LRU (an OrderedDict) capped at
 `max_blocks_per_endpoint` (memory stays bounded if removals are lost); the value is a
-bit set of tiers: GPU, CPU (any offload medium) and SPECULATIVE (added by the EPP at
-routing time, expiring after a TTL unless an event confirms it). A block's weight is
-1.0 on GPU or speculative, else 0.8 (llm-d `kvCacheBackendConfigs` defaults).
+bit set of tiers: one per storage medium the events name (vLLM's `medium`, lowercased,
+none = "gpu", as llm-d-router's `normalizeDeviceTier`: "gpu", "cpu", and whatever an
+offloading connector reports, e.g. "disk") and SPECULATIVE (added by the EPP at routing
+time, expiring after a TTL unless an event confirms it). A block held in several tiers
+weighs its best tier's weight (llm-d-router's `fillMaxWeights`); the weights are the
+producer's `kvCacheBackendConfigs` (llm-d-router's defaults: gpu 1.0, cpu 0.8), a
+speculative block weighs as GPU. A medium the config does not name weighs the lowest
+configured weight, where llm-d-router gives it 1.0: an unnamed medium is an offload
+tier (disk, shared storage), and scoring its hit as a GPU hit would prefer it to a
+CPU-tier hit.
 """
 
 from __future__ import annotations
@@ -37,14 +44,63 @@ CPU = 2
 SPECULATIVE = 4
 GPU_WEIGHT = 1.0
 CPU_WEIGHT = 0.8
+# llm-d-router's DefaultKVCacheBackendConfig (pkg/kvcache/backend.go)
+DEFAULT_TIER_WEIGHTS = {"gpu": GPU_WEIGHT, "cpu": CPU_WEIGHT}
+# Bits for further media, in the order they are first seen; a medium past the last
+# shares it (its weight then is the lowest of those sharing it).
+_EXTRA_TIER_BITS = (8, 16, 32, 64, 128, 256)
 # Group-aware stores are admitted only for full attention (llm-d-router #2363): a
 # sliding-window or mamba group's blocks do not make a reusable prefix.
 FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 
 
+def tier_name(medium: str | None) -> str:
+    """vLLM's `medium` as a tier name: lowercased, none = "gpu" (llm-d-router)."""
+    return medium.lower() if medium else "gpu"
+
+
+class Tiers:
+    """Medium names ↔ tier bits, and the weight of a block's tier bits."""
+
+    def __init__(self, weights: dict[str, float] | None = None) -> None:
+        self.weights = dict(DEFAULT_TIER_WEIGHTS if weights is None else weights)
+        self.unknown_weight = min(
+            [w for n, w in self.weights.items() if n != "gpu"] or [CPU_WEIGHT]
+        )
+        self.bits: dict[str, int] = {"gpu": GPU, "cpu": CPU}
+        self._bit_weight: dict[int, float] = {
+            GPU: self.weights.get("gpu", GPU_WEIGHT),
+            CPU: self.weights.get("cpu", self.unknown_weight),
+        }
+        self._memo: dict[int, float] = {}
+
+    def bit(self, medium: str | None) -> int:
+        name = tier_name(medium)
+        b = self.bits.get(name)
+        if b is None:
+            used = len(self.bits) - 2
+            b = _EXTRA_TIER_BITS[min(used, len(_EXTRA_TIER_BITS) - 1)]
+            self.bits[name] = b
+            w = self.weights.get(name, self.unknown_weight)
+            self._bit_weight[b] = min(w, self._bit_weight.get(b, w))
+            self._memo.clear()
+        return b
+
+    def weight(self, bits: int) -> float:
+        """The best weight among `bits`' tiers (SPECULATIVE excluded by the caller)."""
+        w = self._memo.get(bits)
+        if w is None:
+            w = max((bw for b, bw in self._bit_weight.items() if bits & b), default=0.0)
+            self._memo[bits] = w
+        return w
+
+
 def tier_of(medium: str | None) -> int:
-    """vLLM's `medium`: None or "GPU" is the GPU tier; any other medium is offloaded."""
-    return GPU if medium is None or medium.upper() == "GPU" else CPU
+    """The tier bit of vLLM's `medium` under the default tiers (gpu, cpu)."""
+    return _DEFAULT_TIERS.bit(medium)
+
+
+_DEFAULT_TIERS = Tiers()
 
 
 class _Blocks:
@@ -70,9 +126,16 @@ class _Blocks:
 class PreciseIndex:
     """Per-endpoint blocks from KV events, plus speculative entries from routing."""
 
-    def __init__(self, max_blocks_per_endpoint: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        max_blocks_per_endpoint: int,
+        clock: Callable[[], float],
+        tier_weights: dict[str, float] | None = None,
+    ) -> None:
         if max_blocks_per_endpoint < 1:
             raise ValueError("max blocks per endpoint must be at least 1")
+        self.tiers = Tiers(tier_weights)
+        self._gpu_weight = self.tiers.weight(GPU)
         self.cap = max_blocks_per_endpoint
         self.clock = clock
         self.stats: collections.Counter[str] = collections.Counter()
@@ -105,7 +168,7 @@ class PreciseIndex:
         st = self._eps.get(endpoint)
         if st is None:
             st = self._eps[endpoint] = _Blocks()
-        tier = tier_of(ev.medium)
+        tier = self.tiers.bit(ev.medium)
         if not ev.token_ids:
             # An offload store names blocks by engine hash only: add the tier to them.
             for eh in ev.block_hashes:
@@ -152,13 +215,13 @@ class PreciseIndex:
         st = self._eps.get(endpoint)
         if st is None:
             return
-        tier = tier_of(ev.medium)
+        tier = self.tiers.bit(ev.medium)
         for eh in ev.block_hashes:
             own = st.e2o.get(eh)
             if own is None:
                 continue
             bits = st.blocks.get(own, 0) & ~(tier | SPECULATIVE)
-            if bits & (GPU | CPU):
+            if bits:
                 st.blocks[own] = bits
             else:  # no tier holds it any more: forget the block and its engine hash
                 st.remove(own)
@@ -228,16 +291,20 @@ class PreciseIndex:
         if st is None:
             return 0.0, 0
         blocks, spec = st.blocks, st.spec
+        gpu, weight = self._gpu_weight, self.tiers.weight
         weighted = 0.0
         n = 0
         for h in hashes:
             bits = blocks.get(h)
             if not bits:
                 break
-            if bits & GPU or (bits & SPECULATIVE and spec.get(h, 0.0) > now):
-                weighted += GPU_WEIGHT
-            elif bits & CPU:
-                weighted += CPU_WEIGHT
+            if bits == GPU:  # the common case first
+                weighted += gpu
+            elif bits & SPECULATIVE and spec.get(h, 0.0) > now:
+                held = bits & ~SPECULATIVE
+                weighted += max(gpu, weight(held)) if held else gpu
+            elif bits & ~SPECULATIVE:
+                weighted += weight(bits & ~SPECULATIVE)
             else:
                 break
             n += 1

@@ -38,6 +38,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from epp.config.params import param
 from epp.datalayer.kv_decode import EventBatch
@@ -114,6 +115,14 @@ class PrecisePrefixParams:
         doc="speculativeTTL: seconds (or 2s, 500ms) a speculative entry lives unconfirmed",
     )
 
+    kv_cache_backend_configs: list[dict[str, Any]] = param(
+        default_factory=lambda: [{"name": "gpu", "weight": 1.0}, {"name": "cpu", "weight": 0.8}],
+        aliases=("kvCacheBackendConfigs",),
+        doc="kvCacheBackendConfigs: [{name, weight}] per storage medium of vLLM's KV events "
+        "(gpu, cpu, disk...): a cached block scores its tier's weight (llm-d-router's "
+        "defaults: gpu 1.0, cpu 0.8; an unnamed medium weighs the lowest given)",
+    )
+
     speculative_sync_bind: str = param(
         "",
         doc="several EPP replicas: where this one publishes its speculative entries "
@@ -127,6 +136,7 @@ class PrecisePrefixParams:
 
     def validate(self) -> None:
         parse_seconds(self.speculative_ttl)
+        self.tier_weights  # noqa: B018 (raises ValueError naming the entry)
         if bool(self.speculative_sync_bind) != bool(self.speculative_sync_peers):
             raise ValueError(
                 "speculativeSyncBind and speculativeSyncPeers go together: set both to "
@@ -141,6 +151,25 @@ class PrecisePrefixParams:
             check_bind(self.speculative_sync_bind)
             for peer in self.speculative_sync_peers:
                 parse_peer(peer)
+
+    @property
+    def tier_weights(self) -> dict[str, float]:
+        """kvCacheBackendConfigs as {lowercased medium: weight}."""
+        out: dict[str, float] = {}
+        for i, entry in enumerate(self.kv_cache_backend_configs):
+            name, weight = (
+                (entry.get("name"), entry.get("weight"))
+                if isinstance(entry, dict)
+                else (None, None)
+            )
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"kvCacheBackendConfigs[{i}]: needs a name (gpu, cpu, disk...)")
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+                raise ValueError(
+                    f"kvCacheBackendConfigs[{i}] ({name}): weight must be a number >= 0"
+                )
+            out[name.lower()] = float(weight)
+        return out
 
     @property
     def ttl_seconds(self) -> float:
@@ -160,7 +189,7 @@ class PrecisePrefixCacheProducer(Plugin):
         assert tokenizer is not None
         self.tokenizer = tokenizer
         self.ttl = params.ttl_seconds
-        self.index = PreciseIndex(params.max_blocks_per_endpoint, handle.clock)
+        self.index = PreciseIndex(params.max_blocks_per_endpoint, handle.clock, params.tier_weights)
         self.subscriber: KVEventSubscriber | None = None
         self.sync: SpecSync | None = None
         self._pool_names: frozenset[str] = frozenset()

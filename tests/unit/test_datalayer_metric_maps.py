@@ -44,6 +44,13 @@ def test_vllm_older_gpu_cache_name_is_the_fallback() -> None:
     )
 
 
+def test_vllm_cpu_offload_blocks_are_read_when_numeric() -> None:
+    text = VLLM_OLD.replace('num_gpu_blocks="1000"', 'num_gpu_blocks="1000",num_cpu_blocks="4000"')
+    assert _extract("vllm", text).cache_offload_blocks == 4000
+    none = VLLM_OLD.replace('num_gpu_blocks="1000"', 'num_gpu_blocks="1000",num_cpu_blocks="None"')
+    assert _extract("vllm", none).cache_offload_blocks == 0  # vLLM's "None": no offload tier
+
+
 def test_vllm_new_kv_name_wins_over_the_old_one() -> None:
     text = VLLM_OLD + 'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
     assert _extract("vllm", text).kv_cache_usage == 0.25

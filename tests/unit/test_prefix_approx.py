@@ -180,6 +180,13 @@ def test_auto_tune_takes_capacity_and_block_size_from_cache_config_info():
     assert (info.total_blocks, fixed.index.capacity("a")) == (6, 100)
 
 
+def test_auto_tune_counts_the_cpu_offload_tier_in_the_capacity():
+    prod = producer({"lruCapacityPerServer": 100})
+    a = with_metrics(A, cache_num_blocks=2, cache_offload_blocks=1, cache_block_size=2)
+    route(prod, completion("aaaaaaaabbbbbbbbcccccccc"), {"default": [a]}, endpoints=[a])
+    assert (prod.index.capacity("a"), prod.index.endpoint_size("a")) == (3, 3)
+
+
 def test_token_blocks_with_a_tokenizer():
     prod = producer({"tokenizer": "simple", "blockSizeTokens": 2})
     route(prod, completion("one two three four five"), {"default": [A]})  # 5 tokens, 3 blocks

@@ -373,3 +373,35 @@ def test_occupancy_is_the_blocks_events_report_over_the_servers_kv_blocks():
     assert info.fill("b") == 0.0  # no events yet: nothing to evict
     # Without num_gpu_blocks the cap bounds it: 3 of maxBlocksPerEndpoint 100.
     assert match(prod).fill("a") == pytest.approx(3 / 100)
+
+
+def test_tier_weights_are_configurable_per_medium_and_an_unnamed_medium_weighs_the_lowest():
+    tiers = [
+        {"name": "gpu", "weight": 1.0},
+        {"name": "cpu", "weight": 0.5},
+        {"name": "disk", "weight": 0.2},
+    ]
+    prod = producer({"kvCacheBackendConfigs": tiers})
+    send(prod, "a", [stored_array([11, 12, 13], None, IDS, 4, "CPU")])
+    send(prod, "b", [stored_array([21, 22, 23], None, IDS, 4, "DISK")])
+    send(prod, "c", [stored_array([31, 32, 33], None, IDS, 4, "nvme-pool")])  # not named
+    assert scores(match(prod)) == [0.5, 0.2, 0.2]
+    # a block on disk and on CPU weighs its best tier; a GPU copy wins over both
+    send(prod, "b", [["BlockStored", [21], None, [], 4, None, "cpu"]], seq=1)
+    assert scores(match(prod))[1] == pytest.approx((0.5 + 0.2 + 0.2) / 3)
+    send(prod, "b", [["BlockStored", [22], None, [], 4, None, "GPU"]], seq=2)
+    assert scores(match(prod))[1] == pytest.approx((0.5 + 1.0 + 0.2) / 3)
+    # removing the disk copy leaves the others; removing the last tier forgets the block
+    send(prod, "b", [removed_array([23], "disk")], seq=3)
+    assert scores(match(prod))[1] == pytest.approx((0.5 + 1.0) / 3)
+
+
+def test_the_default_tier_weights_are_upstreams_and_bad_entries_name_themselves():
+    assert producer().params.tier_weights == {"gpu": 1.0, "cpu": 0.8}
+    for bad, text in (
+        ([{"weight": 1.0}], "needs a name"),
+        ([{"name": "gpu", "weight": -1}], "weight must be a number"),
+        ([{"name": "gpu", "weight": "high"}], "weight must be a number"),
+    ):
+        with pytest.raises((ValueError, ConfigError), match=text):
+            producer({"kvCacheBackendConfigs": bad})
