@@ -22,6 +22,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.filters.roles",
     "plugins.latency.producer",
     "plugins.latency.scorer",
+    "plugins.latency.slack",
     "plugins.latency.tier_filter",
     "plugins.pickers.max_score",
     "plugins.pickers.random_picker",
