@@ -36,6 +36,7 @@ fewer in-flight tokens wins), then `max-score-picker` draws among exact ties.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
@@ -58,6 +59,22 @@ class SloSlackParams:
         max=0.99,
         doc="relative slack from which an endpoint is safe for the request (0.3: predicted "
         "at most 70 % of each target)",
+    )
+    scoring: str = param(
+        "slack",
+        choices=("slack", "chance"),
+        doc="slack: the safe / unsafe bands above; chance: the probability that both "
+        "targets are met, the prediction's error taken as log-normal with `errorSpread`",
+    )
+    error_spread: float = param(
+        0.3, min=0.01, doc="chance: the predictor's relative error (σ of log(observed / predicted))"
+    )
+    rank_ttft_weight: float = param(
+        1.0,
+        min=0.0,
+        max=1.0,
+        doc="how a request with both targets ranks endpoints: this × TTFT slack + (1 − this) "
+        "× TPOT slack; safety is always the smaller of the two",
     )
     safe_strategy: str = param(
         "least",
@@ -95,7 +112,31 @@ class SloSlackScorer(Plugin):
         preds = info.predictions
         if any(e.name not in preds for e in endpoints):
             return [NEUTRAL] * len(endpoints)
+        if self.params.scoring == "chance":
+            return [self.chance(info, e.name) for e in endpoints]
+        w = self.params.rank_ttft_weight
+        if info.slo_ttft_ms is not None and info.slo_tpot_ms is not None:
+            return [self.score_ranked(info, e.name, w) for e in endpoints]
         return [self.score_slack(slack(info, e.name)) for e in endpoints]
+
+    def score_ranked(self, info: LatencyPredictionInfo, name: str, w: float) -> float:
+        st = info.ttft_headroom(name) / info.slo_ttft_ms  # type: ignore[operator]
+        sp = info.tpot_headroom(name) / info.slo_tpot_ms  # type: ignore[operator]
+        safe = min(st, sp) >= self.params.safe_slack
+        ranked = self.score_slack(max(self.params.safe_slack, w * st + (1 - w) * sp))
+        return ranked if safe else self.score_slack(min(st, sp))
+
+    def chance(self, info: LatencyPredictionInfo, name: str) -> float:
+        """P(observed ≤ target) for each target, multiplied: observed = predicted × e^N(0, σ)."""
+        p, out, sigma = info.predictions[name], 1.0, self.params.error_spread
+        b = info.buffer_factor
+        for target, pred in ((info.slo_ttft_ms, p.ttft_ms), (info.slo_tpot_ms, p.tpot_ms)):
+            if target is not None:
+                if pred <= 0:
+                    continue
+                z = math.log(target / (b * pred)) / sigma
+                out *= 0.5 * math.erfc(-z / math.sqrt(2.0))
+        return out
 
     def score_slack(self, s: float) -> float:
         """A slack's score: safe ones in [0.5, 1] by the strategy, the others in [0, 0.5)."""
