@@ -2,9 +2,10 @@
 heterogeneous pool (issue 10's "SLO routing" benchmark).
 
 Pool: `--sims` `epp sim` processes (one `LocalStack` per setup, fresh), the last
-`--slow-count` of them `--slow-factor` times slower (decode and prefill ms per token). Workload (seeded, identical per setup):
-Poisson arrivals at `--rate` req/s; a `--chat-share` of short chats (`--chat-words`
-prompt words, `--chat-out` tokens) carrying `x-slo-ttft-ms: --chat-ttft-ms` and
+`--slow-count` of them `--slow-factor` times slower (decode and prefill ms per token).
+Workload (seeded, identical per setup): Poisson arrivals at `--rate` req/s; a
+`--chat-share` of short chats (`--chat-words` prompt words, `--chat-out` tokens)
+carrying `x-slo-ttft-ms: --chat-ttft-ms` and
 `x-slo-tpot-ms: --chat-tpot-ms`, the rest long prompts (`--long-words` words,
 `--long-out` tokens) with a loose `x-slo-ttft-ms: --long-ttft-ms`. Streamed; the client
 measures TTFT (first token chunk) and TPOT (mean gap between later chunks).

@@ -1,37 +1,41 @@
 """`slo-slack-scorer`: place each request by the slack its own targets leave on an endpoint.
 
 A request's slack on an endpoint is what its own TTFT / TPOT targets (`x-slo-ttft-ms`,
-`x-slo-tpot-ms`) leave after the latency predicted there, relative to the target and the
-smaller of the two when it has both: `min((T_ttft − b·p_ttft) / T_ttft, (T_tpot − b·p_tpot) /
-T_tpot)`, 1 on an endpoint where it would be instant, 0 where it just meets its targets,
-negative where it misses (`b` is the producer's `sloBufferFactor`).
+`x-slo-tpot-ms`) leave after the latency predicted there, relative to each target:
+`s_ttft = (T_ttft − b·p_ttft) / T_ttft`, likewise `s_tpot` (`b` is the producer's
+`sloBufferFactor`): 1 where it would be instant, 0 where it just meets the target,
+negative where it misses. Whether the endpoint is *safe* is decided by the smaller of the
+two (both targets must hold); how much slack it leaves, for ranking, by
+`rankTtftWeight · s_ttft + (1 − rankTtftWeight) · s_tpot` (TTFT alone by default).
 
-`latency-scorer` (GIE's) min–max normalises headroom in milliseconds over the candidates and
-spreads every request by it (`most`) or packs every request (`least`). Spreading by
-milliseconds gives a long prompt with a 2 s target the idle fast server as readily as a chat
-with a 150 ms one — its headroom there is just as large in min–max terms — and the chats
-that arrive next queue behind its prefill; packing sends chats to endpoints that only just
-meet their target, where the predictor's error turns that into a miss. Here the two cases
-are told apart by the request's own slack:
+- Safe endpoints (slack ≥ `safeSlack`): `safeStrategy: flat` (default) scores them all 1
+  and lets the profile's other scorers choose among them: a request that meets its own
+  targets on several endpoints takes no more than it needs, and the load scorer places
+  it where it delays others least. `most` prefers the most slack (0.5..1: the fastest
+  predicted endpoint, as GIE's `latency-scorer` with `most`), `least` the least slack
+  (packs: a loose request takes the slowest endpoint that still serves it and leaves the
+  fast one to tight requests).
+- Unsafe endpoints score 0..0.5 by slack (clamped to [−1, safeSlack)): always below every
+  safe one, so a tight request avoids the endpoint that would miss it even where a loose
+  request is sent, and a request that misses everywhere goes where it misses by least.
 
-- endpoints where the slack is at least `safeSlack` are *safe*: the request meets its
-  targets there with a margin for the predictor's error, so it has no use for more. With
-  `safeStrategy: least` (default) the safe endpoint with the least slack scores highest
-  (0.5..1): a loose request — a long prompt with a generous target — takes the slow or
-  busy endpoint that still serves it and leaves the fast, idle one to requests that
-  need it; a tight request is never placed where a loose one would do as well. `flat`
-  scores every safe endpoint 1 (the profile's other scorers choose among them), `most`
-  prefers the most slack (spreads).
-- below `safeSlack` the request needs every bit: the most slack scores highest (0..0.5,
-  linear in slack clamped to [−1, safeSlack)), so a request that is tight everywhere goes
-  where it is predicted fastest, and one that misses everywhere goes where it misses by
-  least.
+Why `flat`: chosen on the tuning half of `bench/slo_family.py`'s workloads
+(docs/plugins.md "SLO-aware routing"). `most` won there (+5.7 points over the default) and
+lost on the reporting half (−2.5, worst −7.9): spreading every request to its fastest
+predicted endpoint overloads the fast servers at 70-85 % load, where the predictor
+under-estimates queueing (predicted / observed chat TTFT 0.8-0.9) and leaves the slow
+server idle. `least` lost on the tuning half (−1.6): it packs chats too, onto endpoints
+that only just meet, where a 25-40 % prediction error turns into misses.
+
+`scoring: chance` replaces the bands by the probability that every target is met,
+the prediction's error taken as log-normal with `errorSpread` (tried; below `flat`).
 
 A request without targets (no header and no producer default) scores 0.5 everywhere:
-the profile's other scorers route it as they would without this plugin. So do requests
-in a cycle without predictions for every candidate. Ties (equal slack) score equally; the
-profile's other scorers break them (with `config/slo-slack.yaml`, the token-load scorer:
-fewer in-flight tokens wins), then `max-score-picker` draws among exact ties.
+the profile's other scorers route it exactly as they would without this plugin. So does
+a cycle without a prediction for every candidate. Ties (equal slack, every safe endpoint
+under `flat`) score equally; the profile's other scorers break them (with
+`config/slo-slack.yaml`: the token-load scorer, fewer in-flight tokens wins), then
+`max-score-picker` draws among exact ties.
 """
 
 from __future__ import annotations
@@ -54,11 +58,11 @@ FLOOR_SLACK = -1.0  # missing by the target itself or more all count as the wors
 @dataclass(frozen=True)
 class SloSlackParams:
     safe_slack: float = param(
-        0.3,
+        0.0,
         min=0.0,
         max=0.99,
-        doc="relative slack from which an endpoint is safe for the request (0.3: predicted "
-        "at most 70 % of each target)",
+        doc="relative slack from which an endpoint is safe for the request (0: predicted "
+        "to meet each target; 0.3: at most 70 % of each)",
     )
     scoring: str = param(
         "slack",
@@ -77,10 +81,10 @@ class SloSlackParams:
         "× TPOT slack; safety is always the smaller of the two",
     )
     safe_strategy: str = param(
-        "least",
+        "flat",
         choices=("least", "flat", "most"),
-        doc="among safe endpoints: least slack first (leave fast endpoints to tight "
-        "requests), all equal, or most slack first",
+        doc="among safe endpoints: all equal (the other scorers choose), least slack "
+        "first (pack), or most slack first (spread)",
     )
 
 

@@ -42,17 +42,29 @@ def best(ss, eps=(FAST, SLOW)):
 
 
 def test_a_tight_request_avoids_the_endpoint_a_loose_one_is_sent_to():
-    loose, tight = scores(LONG), scores(CHAT)
-    # the loose request is safe on both and takes the one it needs least (slow) …
-    assert best(loose) == "slow"
-    # … the tight one is not safe on slow (TPOT slack 0.2 < 0.3) and takes fast
-    assert best(tight) == "fast"
+    # packing (`least`): the loose request is safe on both and takes the one it needs
+    # least (slow); the tight one is not safe on slow (TPOT slack 0.2 < 0.3): fast
+    pack = {"safeStrategy": "least", "safeSlack": 0.3}
+    loose, tight = scores(LONG, pack), scores(CHAT, pack)
+    assert best(loose) == "slow" and best(tight) == "fast"
     assert tight[0] >= 0.5 > tight[1]
+
+
+def test_default_flat_leaves_a_loose_request_to_the_other_scorers():
+    # safe on both: equal scores (the profile's load scorer chooses) …
+    assert scores(LONG) == [1.0, 1.0]
+    # … while a tight request is kept off the endpoint that would miss it
+    tight = scores((150.0, 18.0))  # slow's predicted TPOT 20 > 18
+    assert tight[0] == 1.0 and tight[1] < 0.5
 
 
 def test_a_loose_request_keeps_the_fast_endpoint_only_when_slow_would_miss():
     # slow has a long prefill queued: predicted TTFT 1900 ms > 70 % of the 2 s target
-    ss = scores(LONG, preds={"fast": (40.0, 10.0), "slow": (1900.0, 20.0)})
+    ss = scores(
+        LONG,
+        {"safeStrategy": "least", "safeSlack": 0.3},
+        {"fast": (40.0, 10.0), "slow": (1900.0, 20.0)},
+    )
     assert best(ss) == "fast"
 
 
@@ -62,12 +74,26 @@ def test_missing_everywhere_goes_where_it_misses_least():
 
 
 def test_strategies_among_safe_endpoints():
-    assert scores(LONG, {"safeStrategy": "flat"}) == [1.0, 1.0]
     assert best(scores(LONG, {"safeStrategy": "most"})) == "fast"
-    # the score at the margin is 1 (least) and an instant endpoint 0.5
-    sc = plugin("slo-slack-scorer", {"safeSlack": 0.3})
+    assert best(scores(LONG, {"safeStrategy": "least"})) == "slow"
+    # `least`: the score at the margin is 1 and an instant endpoint 0.5
+    sc = plugin("slo-slack-scorer", {"safeSlack": 0.3, "safeStrategy": "least"})
     assert sc.score_slack(0.3) == 1.0 and sc.score_slack(1.0) == pytest.approx(0.5)
     assert sc.score_slack(-5.0) == 0.0 and sc.score_slack(0.29) < 0.5
+
+
+def test_ranking_by_ttft_slack_with_tpot_as_a_guard():
+    # both safe; fast leaves more TTFT slack, slow more TPOT slack (made up): `most` ranks
+    # by TTFT slack alone by default, by TPOT with rankTtftWeight 0
+    preds = {"fast": (20.0, 20.0), "slow": (100.0, 10.0)}
+    assert best(scores(CHAT, {"safeStrategy": "most"}, preds)) == "fast"
+    assert best(scores(CHAT, {"safeStrategy": "most", "rankTtftWeight": 0.0}, preds)) == "slow"
+
+
+def test_chance_scoring_is_the_probability_of_meeting_both_targets():
+    ss = scores(CHAT, {"scoring": "chance", "errorSpread": 0.3})
+    # fast: TTFT 40 vs 150 and TPOT 10 vs 25: nearly sure; slow: TPOT 20 vs 25, ~77 %
+    assert ss[0] > 0.99 and 0.7 < ss[1] < 0.8
 
 
 def test_without_targets_or_predictions_the_scorer_is_neutral():
@@ -96,10 +122,8 @@ def _request(headers: dict[str, str], words: int = 100):
 def test_equal_slack_is_broken_by_in_flight_tokens_as_documented():
     cfg = load_config_file(ROOT / "config" / "slo-slack.yaml", Handle(rng=random.Random(0)))
     req = _request({"x-slo-ttft-ms": "5000"})
-    # cold start: both endpoints predicted alike up to their pending prefill (200 vs 0
-    # tokens: a few ms against a 5 s target, both safe and within one score step? no:
-    # the slack differs by ~13 ms / 5000 ms) — give both the same pending prefill and
-    # differ only in decode tokens in flight, which the cold formula does not read.
+    # Cold start: TTFT from the pending prefill (equal here), so both endpoints have the same
+    # slack; they differ only in decode tokens in flight, which the token-load scorer reads.
     a = snap("a", inflight_prefill_tokens=100, inflight_tokens=4000)
     b = snap("b", inflight_prefill_tokens=100, inflight_tokens=100)
     picks = {cfg.scheduler.schedule(req, [a, b]).targets[0].name for _ in range(20)}
