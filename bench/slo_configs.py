@@ -59,3 +59,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-ms", type=float, default=10.0)
     p.add_argument("--prefill-ms", type=float, default=0.2)
     p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument(
+        "--slow-factor",
+        type=float,
+        default=2.0,
+        help="the slow servers' prefill and decode ms per token are this times the others'",
+    )
+    p.add_argument("--slow-count", type=int, default=1, help="how many of --sims are slow")

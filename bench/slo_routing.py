@@ -1,10 +1,11 @@
 """SLO-aware routing vs the default profile vs prefix-aware, on a mixed workload over a
 heterogeneous pool.
 
-Pool: `--sims` `epp sim` processes (one `LocalStack` per setup, fresh), the last one 2x
-slower (decode and prefill ms per token doubled). Workload (seeded, identical per setup):
-Poisson arrivals at `--rate` req/s; a `--chat-share` of short chats (`--chat-words`
-prompt words, `--chat-out` tokens) carrying `x-slo-ttft-ms: --chat-ttft-ms` and
+Pool: `--sims` `epp sim` processes (one `LocalStack` per setup, fresh), the last
+`--slow-count` of them `--slow-factor` times slower (decode and prefill ms per token).
+Workload (seeded, identical per setup): Poisson arrivals at `--rate` req/s; a
+`--chat-share` of short chats (`--chat-words` prompt words, `--chat-out` tokens)
+carrying `x-slo-ttft-ms: --chat-ttft-ms` and
 `x-slo-tpot-ms: --chat-tpot-ms`, the rest long prompts (`--long-words` words,
 `--long-out` tokens) with a loose `x-slo-ttft-ms: --long-ttft-ms`. Streamed; the client
 measures TTFT (first token chunk) and TPOT (mean gap between later chunks).
@@ -147,7 +148,9 @@ def summarise(setup: str, results: list[Res], a: argparse.Namespace) -> dict:
         ttfts = [r.ttft_ms for r in rs if r.ok]
         row[f"{cls}_attain"] = sum(r.meets() for r in rs) / max(1, len(rs))
         row[f"{cls}_ttft_mean"] = statistics.fmean(ttfts) if ttfts else float("nan")
-        row[f"{cls}_ttft_p99"] = pct(ttfts, 0.99)
+        for q in (50, 90, 99):
+            row[f"{cls}_ttft_p{q}"] = pct(ttfts, q / 100)
+        row[f"{cls}_tpot_p90"] = pct([r.tpot_ms for r in rs if r.ok], 0.9)
         row[f"{cls}_errors"] = sum(not r.ok for r in rs)
     return row
 
@@ -186,6 +189,43 @@ def parse_setups(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str,
     return chosen
 
 
+def measure(a: argparse.Namespace, setups: dict[str, list[str]]) -> dict[str, list[dict]]:
+    """Every setup `a.repeats` times on `a`'s workload, interleaved (the order rotates each
+    repeat, so no setup always runs first on a machine that warms up or gets busier)."""
+    reqs = workload(a)
+    base = [
+        "--max-num-seqs",
+        str(a.max_num_seqs),
+        "--decode-ms-per-token",
+        str(a.decode_ms),
+        "--prefill-ms-per-token",
+        str(a.prefill_ms),
+    ]
+    slow = [
+        "--decode-ms-per-token",
+        str(a.slow_factor * a.decode_ms),
+        "--prefill-ms-per-token",
+        str(a.slow_factor * a.prefill_ms),
+    ]
+    names = list(setups)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(a.repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for setup in order:
+            run_dir = Path(a.run_dir) / f"{setup}-{rep}" if a.run_dir else None
+            with LocalStack(
+                n_sims=a.sims,
+                sim_args=base,
+                per_sim_args={i: slow for i in range(a.sims - a.slow_count, a.sims)},
+                epp_args=setups[setup],
+                run_dir=run_dir,
+            ) as st:
+                results = asyncio.run(drive(st.url, reqs))
+            runs[setup].append(summarise(setup, results, a))
+            print(json.dumps({"repeat": rep, **runs[setup][-1]}), flush=True)
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -206,40 +246,11 @@ def main() -> None:
     p.add_argument("--run-dir", help="keep the processes' logs here (one folder per run)")
     p.add_argument("--json", help="write every run and the medians here")
     a = p.parse_args()
-    reqs = workload(a)
-    base = [
-        "--max-num-seqs",
-        str(a.max_num_seqs),
-        "--decode-ms-per-token",
-        str(a.decode_ms),
-        "--prefill-ms-per-token",
-        str(a.prefill_ms),
-    ]
-    slow = [
-        "--decode-ms-per-token",
-        str(2 * a.decode_ms),
-        "--prefill-ms-per-token",
-        str(2 * a.prefill_ms),
-    ]
     setups = parse_setups(a, p)
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
     names = list(setups)
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for rep in range(a.repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for setup in order:
-            run_dir = Path(a.run_dir) / f"{setup}-{rep}" if a.run_dir else None
-            with LocalStack(
-                n_sims=a.sims,
-                sim_args=base,
-                per_sim_args={a.sims - 1: slow},
-                epp_args=setups[setup],
-                run_dir=run_dir,
-            ) as st:
-                results = asyncio.run(drive(st.url, reqs))
-            runs[setup].append(summarise(setup, results, a))
-            print(json.dumps({"repeat": rep, **runs[setup][-1]}), flush=True)
+    runs = measure(a, setups)
     rows = [median_row(n, runs[n]) for n in names]
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": runs, "medians": rows}, indent=1))

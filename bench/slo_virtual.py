@@ -118,10 +118,11 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     refit = [p for p in loaded.plugins.values() if hasattr(p, "refit")]
     base = dict(max_num_seqs=a.max_num_seqs, enable_prefix_caching=False)
     fast = SimConfig(decode_ms_per_token=a.decode_ms, prefill_ms_per_token=a.prefill_ms, **base)
+    f = a.slow_factor
     slow = SimConfig(
-        decode_ms_per_token=2 * a.decode_ms, prefill_ms_per_token=2 * a.prefill_ms, **base
+        decode_ms_per_token=f * a.decode_ms, prefill_ms_per_token=f * a.prefill_ms, **base
     )
-    engines = [VirtualEngine(c) for c in [fast] * (a.sims - 1) + [slow]]
+    engines = [VirtualEngine(c) for c in [fast] * (a.sims - a.slow_count) + [slow] * a.slow_count]
     scraped = [EndpointMetrics() for _ in engines]
     sent: dict[int, Sent] = {}
     reqs = workload(a, rate, seed)
@@ -205,14 +206,23 @@ def run(a: argparse.Namespace, setup: str, config: Path | None, rate: float, see
     for cls in CLASSES:
         rs = [(r, m) for r, m in zip(measured, ok, strict=True) if r[0] == cls]
         ttfts = sorted(r[2] for r, _ in rs)
+        row[f"{cls}_n"] = len(rs)
         row[f"{cls}_attain"] = sum(m for _, m in rs) / max(1, len(rs))
-        row[f"{cls}_ttft_mean"] = statistics.fmean(ttfts)
-        row[f"{cls}_ttft_p99"] = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+        row[f"{cls}_ttft_mean"] = statistics.fmean(ttfts) if ttfts else math.nan
+        for q in (50, 90, 99):
+            row[f"{cls}_ttft_p{q}"] = pct(ttfts, q / 100)
+        row[f"{cls}_tpot_p90"] = pct([r[3] for r, _ in rs], 0.9)
     if errors:
         row["errors"] = prediction_errors(a, errors, len(engines))
     if ranks:
         row["ranking"] = ranking(ranks, len(engines))
     return row
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile (nearest rank, NaNs dropped; NaN when nothing is left)."""
+    xs = sorted(x for x in xs if x == x)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else math.nan
 
 
 def isolated_ttft(config: SimConfig, isl: int) -> float:

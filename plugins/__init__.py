@@ -23,6 +23,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.latency.admitter",
     "plugins.latency.producer",
     "plugins.latency.scorer",
+    "plugins.latency.slack",
     "plugins.latency.tier_filter",
     "plugins.pickers.max_score",
     "plugins.pickers.random_picker",
