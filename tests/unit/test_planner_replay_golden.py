@@ -51,7 +51,7 @@ def digest(run: Run) -> str:
 
 
 def golden_run() -> Run:
-    shape = PoolShape(presets.config_for("llama-3.1-8b-h100"), startup_s=30.0)
+    shape = PoolShape(presets.config_for("llama-3.1-8b-h100"), startup_s=30.0, routing=None)
     return replay(trace(), Steps([3, 6, 2, 5, 1, 4, 4, 2]), shape, initial=2, seed=4)
 
 
