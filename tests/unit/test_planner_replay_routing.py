@@ -60,3 +60,18 @@ def test_prompts_share_blocks_exactly_where_the_trace_says():
     assert a[:64] == b[:64] and a[64] != b[64]  # two shared blocks, then b's own tail
     assert a[:32] == c[:32] and a[32] != c[32]
     assert d[0] != a[0] and len(d) == 40 and len(a) == 100
+
+
+def test_a_bad_config_is_one_line_and_exit_2_before_any_replay(tmp_path, capsys):
+    from epp.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n')
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plugins:\n- type: no-such-scorer\n")
+    code = main(["plan", "replay", "--quiet", "--trace", str(trace), "--config", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "no-such-scorer" in err
+    code = main(["plan", "replay", "--quiet", "--trace", str(trace), "--config", "/nope.yaml"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--config /nope.yaml: cannot read" in err
