@@ -329,6 +329,7 @@ def _replay(args: argparse.Namespace) -> int:
         budget_gpus=setup.budget_gpus,
         sizer=sizer,
         oracle_target=oracle_target,
+        progress=say.progress,
     )
     runs: list[tuple[cmp.Setup, list[cmp.Result]]] = []
     for startup in startups:
