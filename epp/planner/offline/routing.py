@@ -6,7 +6,8 @@ What the EPP would know, it is told, in virtual time:
 
 - membership: a replica joins the datastore when it becomes ready (a pod joins the
   InferencePool when it passes readiness), is marked draining when the planner drains
-  it (never picked again, its requests still counted) and leaves when it is gone;
+  it (never picked again, its requests still counted) and leaves when it is gone (the
+  prefix index then forgets it);
 - metrics: every `scrape_s` (the EPP's `--refresh-metrics-interval`, 50 ms) each ready
   replica's waiting and running requests and KV use, read from its engine at the first
   arrival after the tick (a value is written only when it changed: an unchanged scrape
@@ -78,6 +79,10 @@ class EppRouter:
             handle_config.pre_request,
             rng=random.Random(seed),
         )
+        # what `epp serve` calls after a membership change (the prefix indexes' PoolWatch)
+        self._prunes = [
+            p.prune for p in handle_config.plugins.values() if callable(getattr(p, "prune", None))
+        ]
         self.block_tokens = block_tokens
         self.geometry = (cache_block_size, cache_num_blocks)
         self.scrape_s = scrape_s
@@ -104,9 +109,13 @@ class EppRouter:
         self.datastore.set_draining(name)
 
     def leave(self, name: str) -> None:
+        """A released replica leaves the pool, and the prefix index forgets it (as the
+        indexes' pool watch does in `epp serve`): a day of scaling adds hundreds."""
         self.datastore.remove_endpoint(name)
         self._seen.pop(name, None)
         self._prefill.pop(name, None)
+        for prune in self._prunes:
+            prune()
 
     # -- time ---------------------------------------------------------------------------
 
