@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from epp.planner import parallel
 from epp.planner.core.types import Policy
 from epp.planner.offline import compare as cmp
 from epp.planner.offline.laws.catalog import LAW_NAMES, law_factories
 from epp.planner.offline.laws.oracle import DEFAULT_TARGET, parse_target
 from epp.planner.offline.outcome import Sla, Summary
-from epp.planner.offline.pool import PoolShape, Spares
+from epp.planner.offline.pool import DEFAULT_ROUTING, PoolShape, Routing, Spares
 from epp.planner.offline.replay import Arrival, Progress
 from epp.planner.offline.static import (
     ITL_HEADROOM,
@@ -168,6 +169,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seed of the routing tie-break and --rate-scale (default 0)",
     )
     r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    r.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the EPP config the replay routes with, as epp serve --config (default: "
+        "config/default.yaml, epp serve's built-in default)",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="with --compare: replay up to N policies at once, one process each "
+        "(default: the CPUs this process may use)",
+    )
 
     b = sub.add_parser(
         "bursty",
@@ -186,17 +200,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="long-run mean request rate (default 5 req/s)",
     )
 
+    g = sub.add_parser(
+        "servegen",
+        help="write a trace (Mooncake JSONL) from ServeGen production client data",
+        description="Generate a request trace from a ServeGen client folder (alibaba/"
+        "ServeGen, arXiv 2505.09999) as ServeGen's generate_workload does: each client's "
+        "inter-arrival times drawn from its 10-minute window's fitted Gamma or Weibull, "
+        "rescaled to fill the window at --scale times its recorded rate; lengths from its "
+        "latest length distribution. Clients without a length file are left out, as "
+        "ServeGen's loader does.",
+    )
+    g.add_argument(
+        "folder",
+        metavar="DIR",
+        help="folder of chunk-<i>-trace.csv and "
+        "chunk-<i>-dataset.json files (e.g. ServeGen's data/language/m-small)",
+    )
+    g.add_argument(
+        "--start-hour",
+        type=float,
+        default=0.0,
+        metavar="H",
+        help="where the trace starts in the data, in hours (default 0)",
+    )
+    g.add_argument(
+        "--hours", type=float, default=24.0, metavar="N", help="trace length in hours (default 24)"
+    )
+    g.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="multiply every client's recorded rate by K (ServeGen's "
+        "get_scaled_rate_fn; default 1)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    g.add_argument("-o", "--out", required=True, metavar="FILE", help="JSONL file to write")
+
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.plan_command == "bursty":
             return _bursty(args)
+        if args.plan_command == "servegen":
+            return _servegen(args)
         return _replay(args)
     except UsageError as e:
-        print(f"epp plan replay: error: {e}", file=sys.stderr)
+        print(f"epp plan {args.plan_command}: error: {e}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:  # TraceError, ConfigError, ProfileError, presets
-        print(f"epp plan replay: error: {_one_line(e)}", file=sys.stderr)
+        print(f"epp plan {args.plan_command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 
@@ -233,7 +286,14 @@ def _replay(args: argparse.Namespace) -> int:
     preset = presets.get(args.preset)  # ValueError names the known ones
     caching = any(a.hash_ids for a in arrivals)
     sim = presets.config_for(preset.name, enable_prefix_caching=caching)
-    shape = PoolShape(sim, gpus_per_replica=_preset_gpus(preset.name), startup_s=args.startup_s)
+    shape = PoolShape(
+        sim,
+        gpus_per_replica=_preset_gpus(preset.name),
+        startup_s=args.startup_s,
+        routing=_routing(args.config),
+    )
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be 1 or more")
     say = _Say(args.quiet)
     say(
         f"trace {args.trace}: {len(arrivals)} requests over {arrivals[-1].t_s / 60:.1f} min"
@@ -269,6 +329,7 @@ def _replay(args: argparse.Namespace) -> int:
         budget_gpus=setup.budget_gpus,
         sizer=sizer,
         oracle_target=oracle_target,
+        progress=say.progress,
     )
     runs: list[tuple[cmp.Setup, list[cmp.Result]]] = []
     for startup in startups:
@@ -287,6 +348,7 @@ def _replay(args: argparse.Namespace) -> int:
                 progress=say.progress,
                 statics=[n for n in names if n in STATIC_NAMES],
                 reuse=fixed,
+                runner=parallel.runner(args.jobs or parallel.default_workers(), say.done),
             )
             fixed = {r.summary.policy: r for r in results if r.summary.policy in STARTUP_FREE}
         elif names[0] in fixed:
@@ -384,6 +446,54 @@ def _bursty(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.out}: {len(arrivals)} requests over {duration / 60:g} min, mean "
         f"{len(arrivals) / duration:.2f} req/s (seed {args.seed})"
+    )
+    return 0
+
+
+def _routing(path: str | None) -> Routing:
+    """The config the replay routes with, checked now (a bad file fails before any
+    replay, naming the field, as epp serve would)."""
+    if path is None:
+        return DEFAULT_ROUTING
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read: {e.strerror or e}") from None
+    from epp.planner.offline.routing import load
+
+    load(text, path, 0, lambda: 0.0)  # ConfigError (a ValueError) names the field
+    return Routing(text, path)
+
+
+def _servegen(args: argparse.Namespace) -> int:
+    from epp.planner.offline.servegen import generate, mooncake_lines
+    from epp.planner.tracefile import load_servegen
+
+    for flag, v in (("--scale", args.scale), ("--hours", args.hours)):
+        if not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"{flag} must be a positive number, got {v:g}")
+    if not (args.start_hour >= 0 and math.isfinite(args.start_hour)):
+        raise UsageError(f"--start-hour must be 0 or more, got {args.start_hour:g}")
+    pool = load_servegen(args.folder)
+    w = generate(pool, args.start_hour * 3600.0, args.hours * 3600.0, args.scale, args.seed)
+    if len(w) == 0:
+        raise UsageError(
+            f"no client sent a request in hours {args.start_hour:g}-"
+            f"{args.start_hour + args.hours:g} of {args.folder}"
+        )
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for line in mooncake_lines(w):
+                f.write(line + "\n")
+    except OSError as e:
+        raise UsageError(f"{args.out}: cannot write the trace: {e.strerror}") from None
+    rates = w.window_rates()
+    absent = ", ".join(map(str, w.absent)) or "none"
+    print(
+        f"wrote {args.out}: {len(w)} requests over {args.hours:g} h from {w.clients} clients "
+        f"(seed {args.seed}); mean {len(w) / w.duration_s:.2f} req/s, 10-min windows "
+        f"{rates.min():.2f}-{rates.max():.2f} req/s; clients without a length file, left "
+        f"out: {absent}"
     )
     return 0
 
@@ -804,10 +914,19 @@ class _Say:
             if wall - last[0] >= 2.0 or now >= end:
                 last[0] = wall
                 pct = 100.0 * now / end if end > 0 else 100.0
-                print(
-                    f"  {name}: {now / 60:6.1f} of {end / 60:.1f} min ({pct:3.0f} %)",
-                    file=sys.stderr,
-                    flush=True,
+                # one write per line: replays in parallel processes share stderr
+                sys.stderr.write(
+                    f"  {name}: {now / 60:6.1f} of {end / 60:.1f} min ({pct:3.0f} %)\n"
                 )
+                sys.stderr.flush()
 
         return report
+
+    def done(self, name: str, result: cmp.Result, cpu_s: float) -> None:
+        """A replay's end: its speed in requests per CPU second."""
+        if self.quiet:
+            return
+        n = len(result.run.served) + len(result.run.rejected)
+        rate = f"{n / cpu_s:,.0f} requests/s" if cpu_s > 0 else "-"
+        sys.stderr.write(f"  {name}: done, {n} requests in {cpu_s:.1f} s CPU ({rate})\n")
+        sys.stderr.flush()

@@ -54,6 +54,9 @@ HASH_BASE = 1 << 20
 TAIL_BASE = 1 << 40
 _TAIL_SPAN = 1 << 21  # > any model length, so request tails never overlap
 _SHARED_CHANNEL = Channel(stream=False)  # nobody waits on a virtual request
+# steps `_started_before` walks on from its remembered answer before solving instead (the
+# same answer either way: `total` is non-decreasing in m)
+_WALK = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,12 +375,12 @@ class VirtualEngine:
             used += self._run_new_blocks(run, m)
         return Load(waiting, running, used / self.kv.num_blocks, tokens)
 
-    def signals(self, at: float) -> tuple[int, float]:
-        """`load(at)`'s waiting requests and KV use only: what routing scores, read for
-        every ready replica at every arrival, without the tokens left or a `Load`."""
+    def gauges(self, at: float) -> tuple[int, int, float]:
+        """`load(at)`'s waiting and running requests and KV use: what a scrape of
+        /metrics reads, without the tokens left or a `Load`."""
         base = self._base
         if base is None:
-            base = self.load(at)  # builds the queues' part, then the cheap path below
+            self.load(at)  # builds the queues' part
             base = self._base
             assert base is not None
         used = base[2]
@@ -385,7 +388,7 @@ class VirtualEngine:
         if run is not None:
             now = self._now if self._now >= at else at
             used += self._run_new_blocks(run, self._started_before(run, now))
-        return base[0], used / self.kv.num_blocks
+        return base[0], base[1], used / self.kv.num_blocks
 
     def _started_before(self, run: _DecodeRun, t: float) -> int:
         """`run.started_before(t)`, remembered with the budgets it holds for: the same
@@ -404,12 +407,16 @@ class VirtualEngine:
             lo = hi
             m += 1
             hi = math.inf if m == cap else total(m)
-            while hi < budget:
+            walked = 0
+            while hi < budget and walked < _WALK:
                 lo = hi
                 m += 1
                 hi = math.inf if m == cap else total(m)
-            self._started = (run, lo, hi, m)
-            return m
+                walked += 1
+            if hi >= budget:
+                self._started = (run, lo, hi, m)
+                return m
+            # far ahead (a lightly loaded replica between arrivals): solve instead
         m = run.started_before(t)
         lo = -math.inf if m == 0 else (0.0 if m == 1 else run.total(m - 1))
         hi = 0.0 if m == 0 else (math.inf if m == run.steps else run.total(m))

@@ -39,9 +39,11 @@ def law_factories(
     budget_gpus: int | None,
     sizer: Sizer,
     oracle_target: OracleTarget = DEFAULT_TARGET,
+    progress: Callable[[str], Callable[[float, float], None] | None] | None = None,
 ) -> dict[str, Callable[[], Policy]]:
     """name -> a fresh policy (policies keep state between steps). The oracle's sizes
-    are measured once, on its first build, at `oracle_target` (`laws/oracle.py`)."""
+    are measured once, on its first build, at `oracle_target` (`laws/oracle.py`);
+    `progress("oracle sizing")` hears of each interval sized."""
     top = max_replicas(budget_gpus, shape)
     out: dict[str, Callable[[], Policy]] = {}
     for name in names:
@@ -57,8 +59,11 @@ def law_factories(
 
             def oracle(sizes: list[int] = sizes) -> Policy:
                 if not sizes:
+                    hook = progress("oracle sizing") if progress else None
                     sizes.extend(
-                        oracle_sizes(sizer, sla, arrivals, interval_s, target=oracle_target)
+                        oracle_sizes(
+                            sizer, sla, arrivals, interval_s, target=oracle_target, progress=hook
+                        )
                     )
                 return Oracle(sizes, interval_s)
 

@@ -148,9 +148,11 @@ def oracle_sizes(
     target: OracleTarget = DEFAULT_TARGET,
     min_replicas: int = 1,
     max_replicas: int = MAX_REPLICAS,
+    progress: Callable[[float, float], None] | None = None,
 ) -> list[int]:
     """The fewest replicas meeting `sla` at `target` in each interval of the trace (see
-    the module doc); `max_replicas` where none up to it does."""
+    the module doc); `max_replicas` where none up to it does. `progress(end of the
+    interval sized, end of the last)`: sizing replays every interval several times."""
     counts = counts_per_interval(arrivals, interval_s)
     segs = [
         Segment(k * interval_s, (k + 1) * interval_s, c, "oracle") for k, c in enumerate(counts)
@@ -165,6 +167,8 @@ def oracle_sizes(
         n = smallest_passing(ok, hint, max_replicas, known=sizer.measured_sizes(seg))
         sizes.append(max(min_replicas, n))
         hint = n
+        if progress is not None:
+            progress(seg.end, segs[-1].end)
     if target.rule == RUN:
         return spread_misses(sizer, sla, segs, sizes, target.share, interval_s, min_replicas)
     return sizes
