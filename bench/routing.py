@@ -1015,7 +1015,10 @@ def trace_module():
 
 
 def agent_module():
-    return load_sibling("routing_agent")
+    """bench/routing_agent.py (the agent scenario's sessions)."""
+    from bench import routing_agent
+
+    return routing_agent
 
 
 def vr_module():

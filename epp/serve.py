@@ -10,8 +10,6 @@ thing in-process, for tests. The flags are in `epp.serve_args`, the options they
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import argparse
 import asyncio
 import contextlib
@@ -21,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 

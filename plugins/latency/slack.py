@@ -43,10 +43,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.datastore import EndpointSnapshot
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
 from plugins.latency.info import LATENCY_PREDICTION_KEY, LatencyPredictionInfo

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
+from epp.config.params import parse_params
 from epp.limits import BodyLimits
 from epp.request import new_request, parse_body
-from epp.scheduling.params import parse_params
 from epp.scheduling.registry import PLUGIN_TYPES, Handle
 from epp.scheduling.types import CycleState, ProfileResult, SchedulingResult
 from epp.session_key import DEFAULT_SOURCES, parse_sources, session_key
