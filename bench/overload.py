@@ -226,7 +226,8 @@ def stack(a: argparse.Namespace, setup: str, tmp: Path) -> LocalStack:
         epp = ["--objectives", str(objectives)]
     else:
         epp = []
-    return LocalStack(n_sims=a.sims, sim_args=sim, epp_args=epp)
+    # Eviction needs the in-path response mode (the routing stream open until the end).
+    return LocalStack(n_sims=a.sims, sim_args=sim, epp_args=epp, response_path=True)
 
 
 def results_table(

@@ -60,7 +60,8 @@ def eviction_args(d: Path, enable: bool = True) -> list[str]:
 @pytest.fixture(scope="module")
 def evict_stack(tmp_path_factory):
     args = eviction_args(tmp_path_factory.mktemp("evict"))
-    with LocalStack(n_sims=2, sim_args=SIM_ARGS, epp_args=args) as st:
+    # Eviction stops a running request on its routing stream: the in-path response mode.
+    with LocalStack(n_sims=2, sim_args=SIM_ARGS, epp_args=args, response_path=True) as st:
         yield st
 
 
