@@ -66,9 +66,10 @@ class ServeOptions:
     # `--tracing`: OpenTelemetry spans per request stage (epp/tracing.py).
     tracing: bool = False
     # `--response-path log` (the default): the response is measured inside Envoy and
-    # reported in its access log (epp/extproc/access_log.py); a request whose entry does
-    # not come within `response_log_timeout` seconds is given back unmeasured.
-    response_log: bool = False
+    # reported in its access log (epp/extproc/access_log.py); a request whose entries stop
+    # for `response_log_timeout` seconds is given back unmeasured. False with
+    # response_path True is `--response-path on`; response_observer wins over it.
+    response_log: bool = True
     response_log_timeout: float = RESPONSE_LOG_TIMEOUT
     # `--planner FILE`: the parsed planner file and its profile (sla/dynamo modes).
     planner: PlannerConfig | None = None

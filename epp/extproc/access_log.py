@@ -205,6 +205,6 @@ class AccessLogServicer(als_pb2_grpc.AccessLogServiceServicer):
 def route_table(observer: bool, log: bool, log_timeout: float) -> RouteTable | None:
     """The table of parked legs for `--response-path observer` / `log`; None when the
     response comes on the routing stream itself (`on`, `off`)."""
-    if log:
-        return RouteTable(log_timeout, claimant="log")
-    return RouteTable() if observer else None
+    if observer:
+        return RouteTable()
+    return RouteTable(log_timeout, claimant="log") if log else None

@@ -291,6 +291,9 @@ async def epp_server():
         metrics_port=0,
         scrape=False,
         endpoints=[Endpoint("e0", "127.0.0.1", 9000)],
+        # These tests play Envoy's ext_proc side themselves, in-path: a routed stream's
+        # end is its request's end (no access log here).
+        response_log=False,
     )
     async with (
         EppServer(opts, config, seed=0) as server,

@@ -151,6 +151,7 @@ def test_a_leg_whose_entry_never_comes_is_given_back_after_the_timeout():
 def test_the_table_per_mode():
     assert route_table(observer=False, log=False, log_timeout=5) is None
     assert route_table(observer=True, log=False, log_timeout=5).claimant == "observer"
+    assert route_table(observer=True, log=True, log_timeout=5).claimant == "observer"
     table = route_table(observer=False, log=True, log_timeout=5)
     assert table.claimant == "log" and table.join_timeout == 5
 
