@@ -245,7 +245,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                             raise
                         finally:
                             deadline.end()
-                    else:
+                    elif stream.running is None:  # the common case: cannot be evicted
+                        deadline.cancel()
+                        msg = await anext(messages)
+                    else:  # a sheddable request under flowControl.enableEviction
                         deadline.cancel()
                         if stream.evicted:
                             break  # evicted while we were answering: see below

@@ -162,9 +162,9 @@ class RequestStream:
         # (raw body, parse outcome) when handle_async parsed the body in a worker thread
         self._preparsed: tuple[bytes, _Parsed | Exception] | None = None
         # In-flight eviction (flowControl.enableEviction): this request's entry while it
-        # may be evicted, and once `evict` ran, the task to wake: the servicer's, set
-        # while it waits for Envoy's next message (`waiter`).
-        self._running: Running | None = None
+        # may be evicted (None: it cannot be), and the task `evict` wakes: the servicer's,
+        # set while it waits for Envoy's next message (`waiter`).
+        self.running: Running | None = None
         self._evictor: Evictor | None = None
         self.evicted = False
         self.waiter: asyncio.Task | None = None
@@ -397,10 +397,10 @@ class RequestStream:
         self.phase = Phase.DONE
         if self.leg is not None:
             self.leg.end(complete)
-        if self._running is not None:
+        if self.running is not None:
             assert self._evictor is not None
-            self._evictor.ended(self._running, self.clock())
-            self._running = None
+            self._evictor.ended(self.running, self.clock())
+            self.running = None
         if self.trace is not None:
             status = self.leg.status if self.leg is not None else 0
             self.trace.end(status or None, complete=complete)
@@ -410,15 +410,15 @@ class RequestStream:
         """A routed sheddable request, with the in-path response (its stream stays open
         until the response ends, so it can be stopped), joins the evictable set."""
         flow = self.director.flow_control
-        if flow is None or flow.eviction is None or self.leg is None:
+        if flow is None or flow.eviction is None:
             return
         assert self.request is not None
         priority = flow.objectives.priority(self.request)
         if priority >= 0:
             return
         self._evictor = flow.eviction
-        self._running = Running(priority, self.routed_at, self.request.request_id, self.evict)
-        self._evictor.track(self._running)
+        self.running = Running(priority, self.routed_at, self.request.request_id, self.evict)
+        self._evictor.track(self.running)
 
     def evict(self) -> bool:
         """Stop this request (the evictor's call, on the loop): the servicer answers its
@@ -470,7 +470,8 @@ class RequestStream:
         )
         if self.routes is None:
             self.leg = leg
-            self._track_for_eviction()
+            if self.director.flow_control is not None:
+                self._track_for_eviction()
             return {}
         route_id = self.routes.put(leg)
         if self.routes.claimant == "log":
