@@ -256,6 +256,13 @@ def options_from_args(args: argparse.Namespace) -> tuple[ServeOptions, LoadedCon
         else load_default_config(handle, registry)
     )
     limits = _limits_from_args(args)
+    if args.tracing:
+        from epp.tracing import check_environment
+
+        try:
+            check_environment()
+        except RuntimeError as e:
+            raise ConfigError("", str(e)) from None
     hi = args.refresh_metrics_max_interval
     if hi is None:  # the default: 1 s, kept under the staleness threshold
         hi = min(DEFAULT_MAX_SCRAPE_INTERVAL, args.metrics_staleness_threshold / 2)
@@ -357,6 +364,7 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError("", f"--{name.replace('_', '-')} must be > 0")
+    shares = body_shares_from_args(args)  # its own ConfigError, naming its flag
     try:
         sources = parse_sources(args.session_key_sources)
     except ValueError as e:
@@ -370,7 +378,7 @@ def _limits_from_args(args: argparse.Namespace) -> StreamLimits:
                 args.max_json_depth, args.max_messages, args.max_prompt_tokens, sources
             ),
             headers=HeaderLimits(args.max_request_headers, args.max_request_headers_kb),
-            shares=body_shares_from_args(args),
+            shares=shares,
         )
     except ValueError as e:
         raise ConfigError("", f"--max-request-headers: {e}") from None

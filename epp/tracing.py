@@ -59,6 +59,7 @@ _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{
 SCOPE = "epp"
 DEFAULT_SAMPLE_RATIO = 0.1
 DEFAULT_COLLECTOR = "localhost:4317"
+_NO_SDK = "--tracing needs the OpenTelemetry SDK and OTLP exporter: pip install 'epp[tracing]'"
 _TRANSPORT_ENV = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -316,6 +317,28 @@ class RequestTrace:
         self.span.end()
 
 
+def check_environment() -> None:
+    """Raise RuntimeError naming the fix if `--tracing` cannot start here (no SDK, an
+    unsupported exporter, a sampler ratio outside 0..1): checked before serving."""
+    try:
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"{_NO_SDK} ({e})") from None
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower()
+    if kind not in ("otlp", "console", "none"):
+        raise RuntimeError(
+            f"OTEL_TRACES_EXPORTER={kind!r} is not supported: use otlp, console or none"
+        )
+    if "OTEL_TRACES_SAMPLER" not in os.environ:
+        arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", str(DEFAULT_SAMPLE_RATIO))
+        try:
+            ok = 0.0 <= float(arg) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise RuntimeError(f"OTEL_TRACES_SAMPLER_ARG must be a ratio within 0..1, got {arg!r}")
+
+
 def build_tracer(
     exporter: SpanExporter | None = None, service: str | None = None, batch: bool = False
 ) -> RequestTracer:
@@ -328,10 +351,7 @@ def build_tracer(
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased
     except ImportError as e:
-        raise RuntimeError(
-            "--tracing needs the OpenTelemetry SDK and OTLP exporter: pip install 'epp[tracing]' "
-            f"({e})"
-        ) from None
+        raise RuntimeError(f"{_NO_SDK} ({e})") from None
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     sampler, ratio = None, None

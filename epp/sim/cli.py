@@ -122,6 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="events as tagged maps (vLLM 0.32, default) or positional arrays (older vLLM)",
     )  # fmt: skip
     p.add_argument(
+        "--kv-offload-blocks", type=int,
+        help="a CPU tier of this many KV blocks behind the GPU cache: evicted blocks move "
+        "there, announced in KV events with medium CPU (default 0: none)",
+    )  # fmt: skip
+    p.add_argument(
         "--kv-role", choices=KV_ROLES,
         help="P/D legs honoured: both (default), prefill, decode, none",
     )  # fmt: skip

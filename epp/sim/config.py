@@ -108,6 +108,10 @@ class SimConfig:
     kv_transfer_ms_per_token: float = 0.001
     kv_events: KVEventsConfig | None = None
     kv_events_format: str = "map"
+    # A CPU tier of this many blocks behind the GPU cache (0: none): blocks evicted from
+    # the GPU move there and are announced as vLLM's offloading connector does
+    # (BlockStored with medium CPU and no tokens, then BlockRemoved on GPU).
+    kv_offload_blocks: int = 0
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -127,6 +131,8 @@ class SimConfig:
         ):
             # vLLM refuses to start when one max-length sequence cannot fit in the cache.
             raise ValueError("max_model_len must be >= 1 and fit in the KV cache")
+        if self.kv_offload_blocks < 0:
+            raise ValueError("kv_offload_blocks must be >= 0")
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
         latencies = (

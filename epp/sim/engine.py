@@ -65,6 +65,7 @@ class Engine:
             config.block_size,
             enable_caching=config.enable_prefix_caching,
             emit_events=publish is not None,
+            offload_blocks=config.kv_offload_blocks,
         )
         self.lora = lora or LoraRegistry(config.lora_modules, config.max_loras)
         self.cost_model = StepCostModel(config)

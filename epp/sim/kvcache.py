@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from epp.sim.sequence import SimRequest
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
 NONE_HASH = hashlib.sha256(b"epp-sim prefix cache").digest()
 _MASK64 = (1 << 64) - 1
 
@@ -94,6 +95,7 @@ class KVCache:
         *,
         enable_caching: bool = True,
         emit_events: bool = False,
+        offload_blocks: int = 0,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("the KV cache needs at least one block of at least one token")
@@ -107,6 +109,11 @@ class KVCache:
         self._cached: dict[bytes, dict[int, Block]] = {}
         self.events: list[KVEvent] = []
         self.evictions = 0
+        # The CPU tier (`offload_blocks` > 0): digests of blocks evicted from the GPU, LRU.
+        # Only announced: a hit there is recomputed, not loaded back (the sim models no
+        # transfer), so it shows what a router sees, not what offloading saves.
+        self.offload_blocks = offload_blocks
+        self._cpu: OrderedDict[bytes, None] = OrderedDict()
 
     # -- accounting ----------------------------------------------------------------
 
@@ -200,9 +207,33 @@ class KVCache:
             if not holders:
                 del self._cached[digest]
             self.evictions += 1
+            if self.offload_blocks and digest not in self._cached:
+                self._offload(digest)
             if self.emit_events:
                 self.events.append(BlockRemoved([external_hash(digest)], MEDIUM_GPU))
         block.hash = None
+
+    def _offload(self, digest: bytes) -> None:
+        """The GPU's last copy of `digest` is evicted: keep it on the CPU tier (vLLM's
+        offloading connector announces a CPU store by hash only, no tokens)."""
+        cpu = self._cpu
+        if digest in cpu:
+            cpu.move_to_end(digest)
+            return
+        cpu[digest] = None
+        if self.emit_events:
+            self.events.append(
+                BlockStored(
+                    [external_hash(digest)], None, [], self.block_size, None, MEDIUM_CPU, None
+                )
+            )
+        if len(cpu) > self.offload_blocks:
+            old, _ = cpu.popitem(last=False)
+            if self.emit_events:
+                self.events.append(BlockRemoved([external_hash(old)], MEDIUM_CPU))
+
+    def is_offloaded(self, digest: bytes) -> bool:
+        return digest in self._cpu
 
     def free(self, req: SimRequest) -> None:
         """Release the request's blocks, tail first so a shared prefix is evicted last."""
@@ -258,6 +289,7 @@ class KVCache:
         for block in self.blocks:
             block.hash = None
         self._cached.clear()
+        self._cpu.clear()
         if self.emit_events:
             self.events.append(AllBlocksCleared())
         return True

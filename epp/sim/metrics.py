@@ -275,7 +275,7 @@ def cache_config_labels(config: SimConfig) -> dict[str, str]:
         "is_attention_free": False,
         "num_gpu_blocks_override": None,
         "sliding_window": None,
-        "num_cpu_blocks": None,
+        "num_cpu_blocks": config.kv_offload_blocks or None,
         "swap_space": 4,
         "cpu_offload_gb": 0,
         "calculate_kv_scales": False,

@@ -1,5 +1,6 @@
 """`epp serve` refuses bad start-up input with one clear line and exit code 2."""
 
+import os
 import subprocess
 import sys
 
@@ -113,9 +114,24 @@ def test_bad_limit_flags_are_one_line_each():
         ("--max-json-depth", "0"): "epp serve: --max-json-depth must be > 0",
         ("--drain-timeout", "0"): "epp serve: --drain-timeout must be > 0",
         ("--max-request-headers", "5"): "epp serve: --max-request-headers: max_count must be > 7",
+        ("--max-buffered-bytes-per-source", "0"): (
+            "epp serve: --max-buffered-bytes-per-source must be > 0"
+        ),
+        ("--min-body-rate", "-1"): "epp serve: --min-body-rate must be >= 0",
+        ("--small-body-reserve-bytes", str(1 << 30)): (
+            "epp serve: --small-body-reserve-bytes must be below --max-buffered-bytes"
+        ),
     }
     for args, line in cases.items():
         r = run(*args, "--endpoint", "a=127.0.0.1:1")
         assert r.returncode == 2, args
         assert r.stderr.strip().startswith(line), (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_tracing_with_a_bad_environment_is_one_line_naming_the_variable():
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "zipkin"}
+    argv = [*EPP, "--tracing", "--endpoint", "a=127.0.0.1:1"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("epp serve: OTEL_TRACES_EXPORTER='zipkin' is not supported")

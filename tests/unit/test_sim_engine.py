@@ -539,3 +539,29 @@ async def test_engine_stop_aborts_and_crash_fails_requests() -> None:
         assert r.state is State.ABORTED and "crashed" in r.abort_reason
     finally:
         await engine.stop()
+
+
+def test_an_offload_tier_takes_evicted_blocks_and_announces_them_as_vllm_does() -> None:
+    from epp.sim.kvcache import MEDIUM_CPU, BlockRemoved
+
+    kv = KVCache(2, 4, emit_events=True, offload_blocks=1)
+    a = request(range(9))  # two full blocks
+    assert kv.allocate(a, 9) is False  # three blocks needed, two exist
+    assert kv.allocate(a, 8)
+    kv.cache_full_blocks(a, 8, lora_id=None)
+    kv.free(a)
+    kv.drain_events()
+    h0, h1 = (external_hash(h) for h in a.block_hashes)
+    b = request(range(100, 108))
+    assert kv.allocate(b, 8)  # evicts a's blocks: tail first freed, head first evicted
+    events = kv.drain_events()
+    # each GPU eviction: a CPU store by hash only, then the GPU removal; the tier holds
+    # one block, so the first offloaded block leaves it again
+    assert events == [
+        BlockStored([h1], None, [], 4, None, MEDIUM_CPU, None),
+        BlockRemoved([h1], "GPU"),
+        BlockStored([h0], None, [], 4, None, MEDIUM_CPU, None),
+        BlockRemoved([h1], MEDIUM_CPU),
+        BlockRemoved([h0], "GPU"),
+    ]
+    assert kv.is_offloaded(a.block_hashes[0]) and not kv.is_offloaded(a.block_hashes[1])
