@@ -80,6 +80,12 @@ class SloSlackParams:
         doc="how a request with both targets ranks endpoints: this × TTFT slack + (1 − this) "
         "× TPOT slack; safety is always the smaller of the two",
     )
+    miss_strategy: str = param(
+        "closest",
+        choices=("closest", "flat"),
+        doc="among endpoints below safeSlack: the most slack first (closest to meeting), "
+        "or all equal at 0 (when no endpoint is safe the other scorers choose)",
+    )
     safe_strategy: str = param(
         "flat",
         choices=("least", "flat", "most"),
@@ -151,4 +157,6 @@ class SloSlackScorer(Plugin):
                 return 1.0
             spare = min(1.0, (s - m) / (1.0 - m))  # 0 at the margin, 1 when instant
             return 1.0 - NEUTRAL * spare if strategy == "least" else NEUTRAL + NEUTRAL * spare
+        if self.params.miss_strategy == "flat":
+            return 0.0
         return NEUTRAL * (max(s, FLOOR_SLACK) - FLOOR_SLACK) / (m - FLOOR_SLACK)
