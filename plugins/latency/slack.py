@@ -19,13 +19,15 @@ two (both targets must hold); how much slack it leaves, for ranking, by
   safe one, so a tight request avoids the endpoint that would miss it even where a loose
   request is sent, and a request that misses everywhere goes where it misses by least.
 
-Why `flat`: chosen on the tuning half of `bench/slo_family.py`'s workloads
-(docs/plugins.md "SLO-aware routing"). `most` won there (+5.7 points over the default) and
-lost on the reporting half (−2.5, worst −7.9): spreading every request to its fastest
-predicted endpoint overloads the fast servers at 70-85 % load, where the predictor
-under-estimates queueing (predicted / observed chat TTFT 0.8-0.9) and leaves the slow
-server idle. `least` lost on the tuning half (−1.6): it packs chats too, onto endpoints
-that only just meet, where a 25-40 % prediction error turns into misses.
+What was measured (`bench/slo_family.py`, docs/plugins.md "SLO-aware routing"): `most`
+won the family's tuning half (+5.7 points over the default) and lost its reporting half
+(−2.5, worst −7.9): spreading every request to its fastest predicted endpoint overloads
+the fast servers, whose queueing the predictor under-estimates, and leaves the slow one
+idle. `least` lost on the tuning half (−1.6): it packs chats too, onto endpoints that
+only just meet, where a 20-30 % prediction error turns into misses. `flat` (the default
+here) gained +4.1 on the reporting half, never below the default, and lost up to 12
+points on a further draw, where serving each request by its own prediction sends long
+prompts in front of the chats. None is the EPP's default.
 
 `scoring: chance` replaces the bands by the probability that every target is met,
 the prediction's error taken as log-normal with `errorSpread` (tried; below `flat`).
@@ -79,6 +81,12 @@ class SloSlackParams:
         max=1.0,
         doc="how a request with both targets ranks endpoints: this × TTFT slack + (1 − this) "
         "× TPOT slack; safety is always the smaller of the two",
+    )
+    miss_strategy: str = param(
+        "closest",
+        choices=("closest", "flat"),
+        doc="among endpoints below safeSlack: the most slack first (closest to meeting), "
+        "or all equal at 0 (when no endpoint is safe the other scorers choose)",
     )
     safe_strategy: str = param(
         "flat",
@@ -151,4 +159,6 @@ class SloSlackScorer(Plugin):
                 return 1.0
             spare = min(1.0, (s - m) / (1.0 - m))  # 0 at the margin, 1 when instant
             return 1.0 - NEUTRAL * spare if strategy == "least" else NEUTRAL + NEUTRAL * spare
+        if self.params.miss_strategy == "flat":
+            return 0.0
         return NEUTRAL * (max(s, FLOOR_SLACK) - FLOOR_SLACK) / (m - FLOOR_SLACK)

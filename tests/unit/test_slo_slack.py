@@ -162,3 +162,9 @@ def test_the_split_is_fixed_by_seed_and_disjoint():
     for w in family():
         assert 1.5 <= w.slow_factor <= 3.0 and 0.5 <= w.chat_share <= 0.9
         assert 0.4 <= w.load <= 0.9 and w.slow_count in (1, 2)
+
+
+def test_miss_strategy_flat_leaves_a_request_that_misses_everywhere_to_the_other_scorers():
+    assert scores((30.0, 5.0), {"missStrategy": "flat"}) == [0.0, 0.0]
+    # a safe endpoint still outranks the missing one
+    assert scores(CHAT, {"missStrategy": "flat", "safeSlack": 0.3}) == [1.0, 0.0]
