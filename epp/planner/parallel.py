@@ -4,14 +4,18 @@ themselves are pure and independent, `offline.compare.compare`'s `runner`).
 Each replay is a closure over the trace and its policy factory, which do not pickle;
 so the workers are forked (they inherit the closures) and only each job's index goes
 out and its `Result` comes back. A worker's progress lines go to the shared stderr,
-each named by its policy. Where fork is not available, or with one worker, the replays
-run one after another in this process.
+each named by its policy. Fork copies only the calling thread, with every lock as it
+was: in a process that runs other threads a worker can wait forever on a lock one of
+them held. So where fork is not available, the process runs other Python threads (a
+test runner, an embedding program), or with one worker, the replays run one after another
+in this process; `epp plan replay` itself runs one Python thread.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -36,7 +40,7 @@ def runner(workers: int, done: Done | None = None):
         _JOBS, _DONE = jobs, done
         try:
             n = min(workers, len(jobs))
-            if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+            if n <= 1 or not fork_is_safe():
                 return [_run(i) for i in range(len(jobs))]
             ctx = multiprocessing.get_context("fork")
             with ctx.Pool(processes=n, maxtasksperchild=1) as pool:
@@ -45,6 +49,13 @@ def runner(workers: int, done: Done | None = None):
             _JOBS, _DONE = (), None
 
     return run_all
+
+
+def fork_is_safe() -> bool:
+    """Fork is available and this process runs no other Python thread (the numeric
+    libraries' own worker threads are fork-aware; a Python thread holding a lock, such
+    as a server or a scraper left by a test, is what a forked worker can wait on)."""
+    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
 
 
 def _run(i: int) -> Result:
