@@ -114,6 +114,10 @@ async def test_one_shared_logger_loses_the_other_replicas_requests_to_the_timeou
         assert joined + expired == REQUESTS
         assert expired > 0 and sum(entries(p, "foreign") for p in ports) == expired
         assert sum(served(p) for p in ports) == joined  # the expired ones measured nothing
+        # and a replica that lost some says what to do
+        assert st.pg is not None
+        logs = st.pg.get("epp").output() + st.pg.get("epp-1").output()
+        assert "Kubernetes Service" in logs and "--response-path on" in logs, logs[-3000:]
 
 
 async def test_in_the_path_each_replica_measures_its_own_requests():
