@@ -388,14 +388,7 @@ _EXPIRED_HINT = {
     ),
     "log": lambda r: (
         f"a routed request's access-log entry did not come within {r.join_timeout:g}s "
-        "(--response-log-timeout); its in-flight counts were given back. Envoy needs the "
-        "access log and the Lua filter of deploy/envoy/envoy.yaml"
-        + (
-            f"; {r.foreign} entries named another EPP replica's requests: give each replica "
-            "its own access logger (deploy/envoy/envoy-replicas.yaml)"
-            if r.foreign
-            else ""
-        )
+        "(--response-log-timeout); its in-flight counts were given back. " + _log_cause(r)
     ),
 }
 
@@ -477,3 +470,24 @@ async def start_grpc_servers(
     await main.start()
     await health_server.start()
     return main, health_server, servicer, health_reporter, bound_grpc, bound_health
+
+
+def _log_cause(r: RouteTable) -> str:
+    """What most likely kept the entries away, from what this EPP's entries were."""
+    if r.foreign:
+        return (
+            f"{r.foreign} entries named another EPP replica's requests: give each replica "
+            "its own access logger (deploy/envoy/envoy-replicas.yaml), or, behind one "
+            "Kubernetes Service where Envoy cannot, run the replicas with --response-path on"
+        )
+    if not (r.claimed or r.unknown):
+        return (
+            "No access-log entry has reached this EPP: Envoy needs the access log and the "
+            "Lua filter of deploy/envoy/envoy.yaml, sent to this replica (several replicas "
+            "behind one Kubernetes Service share one log stream: run them with "
+            "--response-path on)"
+        )
+    return (
+        "Envoy needs the access log and the Lua filter of deploy/envoy/envoy.yaml; entries "
+        "are lost with a broken log stream or an Envoy restart"
+    )

@@ -89,6 +89,11 @@ class EnvoyOptions:
     # More EPP replicas on `epp_host`, as (grpc port, health port): the ext_proc cluster
     # lists them all and Envoy balances streams over them (deploy/envoy/envoy-replicas.yaml).
     extra_epps: tuple[tuple[int, int], ...] = ()
+    # With extra_epps: one access logger on the ext_proc cluster, as a Kubernetes Envoy
+    # reaching the EPPs through one Service has it, instead of one per EPP: its stream
+    # reaches one replica, so the others' requests are only given back by their timeout
+    # (why the manifests run several replicas with `--response-path on`).
+    shared_logger: bool = False
     # The response to a second ext_proc filter in observability mode (`OBSERVER_FILTER`,
     # deploy/envoy/envoy-observer.yaml; `epp serve --response-path observer`). The routing
     # filter then skips the response: set response_headers False, response_body_mode NONE.
@@ -219,7 +224,7 @@ def render(options: EnvoyOptions, template: dict[str, Any] | None = None) -> dic
     _point_ext_proc_cluster(ext_proc_cluster, options)
     if not options.response_log:
         _drop_response_log(listener)
-    elif options.extra_epps:
+    elif options.extra_epps and not options.shared_logger:
         _logger_per_epp(listener, clusters, ext_proc_cluster)
     return config
 

@@ -255,6 +255,72 @@ def test_plain_envoy_reaches_every_epp_replica_and_is_valid_for_envoy(tmp_path: 
     validate_config(path)  # the real envoy binary, --mode validate
 
 
+def envoy_bootstrap(docs: tuple[dict, ...]) -> dict | None:
+    """The plain-Envoy variants' bootstrap (None: Envoy Gateway programs its own Envoy)."""
+    cms = [d for n, d in by_kind(docs, "ConfigMap").items() if n.startswith("envoy-config")]
+    return yaml.safe_load(cms[0]["data"]["envoy.yaml"]) if cms else None
+
+
+def response_path_problem(docs: tuple[dict, ...]) -> str | None:
+    """Why the EPP's --response-path does not fit its gateway and replica count, or None.
+
+    `log` needs the routing ext_proc to skip the response, Envoy's gRPC access logger, and
+    one EPP replica (the logger's stream reaches one host of the Service). Envoy Gateway's
+    pool filter (programmed by Envoy AI Gateway's extension server) always sends the
+    response phases, so there the EPP runs `on`."""
+    args = parse_serve(epp_container(docs)["args"])
+    replicas = by_kind(docs, "Deployment")["epp"]["spec"].get("replicas", 1)
+    envoy = envoy_bootstrap(docs)
+    if envoy is None:
+        return None if args.response_path == "on" else f"{args.response_path} behind Envoy Gateway"
+    (listener,) = envoy["static_resources"]["listeners"]
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    (ext_proc,) = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"]
+    mode = ext_proc["typed_config"]["processing_mode"]
+    sends_response = mode.get("response_body_mode", "NONE") != "NONE"
+    logged = any(a["name"] == "envoy.access_loggers.http_grpc" for a in hcm.get("access_log", []))
+    if args.response_path == "log":
+        if replicas != 1:
+            return f"log with {replicas} EPP replicas behind one access-log stream"
+        if sends_response or not logged:
+            return "log, but Envoy sends the response phases or has no gRPC access log"
+        return None
+    if args.response_path == "on" and not sends_response:
+        return "on, but Envoy skips the response phases"
+    return None
+
+
+@needs_kubectl
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_response_path_fits_the_gateway_and_the_replicas(variant: str) -> None:
+    docs = render(variant)
+    assert response_path_problem(docs) is None
+    mode = parse_serve(epp_container(docs)["args"]).response_path
+    assert mode == ("log" if envoy_bootstrap(docs) is not None else "on")
+
+
+@needs_kubectl
+def test_the_response_path_check_refuses_what_would_leak() -> None:
+    """Not vacuous: two replicas on `log`, and `log` behind Envoy Gateway, are refused."""
+    docs = render("envoy")
+    deployment = by_kind(docs, "Deployment")["epp"]
+    two = {**deployment, "spec": {**deployment["spec"], "replicas": 2}}
+    doubled = tuple(two if d is deployment else d for d in docs)
+    assert response_path_problem(doubled) == "log with 2 EPP replicas behind one access-log stream"
+    eg = render("envoy-gateway")
+    epp = epp_container(eg)
+    args = [a for a in epp["args"] if not a.startswith("--response-path")]
+    eg_deployment = by_kind(eg, "Deployment")["epp"]
+    spec = eg_deployment["spec"]["template"]["spec"]
+    log_spec = {**spec, "containers": [{**epp, "args": args}]}
+    template = {**eg_deployment["spec"]["template"], "spec": log_spec}
+    logged = {**eg_deployment, "spec": {**eg_deployment["spec"], "template": template}}
+    assert (
+        response_path_problem(tuple(logged if d is eg_deployment else d for d in eg))
+        == "log behind Envoy Gateway"
+    )
+
+
 def test_copies_equal_their_sources(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("gw_render", GATEWAY / "render.py")
     assert spec is not None and spec.loader is not None
