@@ -852,7 +852,7 @@ def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
 def _sla_text(setup: cmp.Setup) -> str:
     """The SLA as its rule states it: per request, or the p90s of an interval."""
     sla = setup.sla
-    if setup.sla_rule == "requests":
+    if setup.sla_rule in ("requests", "product"):
         return f"per request TTFT <= {sla.ttft_ms:g} ms, ITL <= {sla.itl_ms:g} ms"
     return f"p90 TTFT <= {sla.ttft_ms:g} ms, p90 ITL <= {sla.itl_ms:g} ms"
 
@@ -890,7 +890,9 @@ def _run_doc(results: Sequence[cmp.Result], setup: cmp.Setup) -> dict[str, Any]:
         },
         "interval_s": setup.interval_s,
         "startup_s": setup.shape.startup_s,
-        "static_peak_replicas": setup.peak.replicas,
+        "static_peak_replicas": next(
+            (r.initial for r in results if r.summary.policy == "static-peak"), setup.peak.replicas
+        ),
         "static_mean_replicas": setup.mean.replicas,
         "budget_gpus": setup.budget_gpus,
     }
