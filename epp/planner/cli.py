@@ -209,17 +209,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="long-run mean request rate (default 5 req/s)",
     )
 
+    g = sub.add_parser(
+        "servegen",
+        help="write a trace (Mooncake JSONL) from ServeGen production client data",
+        description="Generate a request trace from a ServeGen client folder (alibaba/"
+        "ServeGen, arXiv 2505.09999) as ServeGen's generate_workload does: each client's "
+        "inter-arrival times drawn from its 10-minute window's fitted Gamma or Weibull, "
+        "rescaled to fill the window at --scale times its recorded rate; lengths from its "
+        "latest length distribution. Clients without a length file are left out, as "
+        "ServeGen's loader does.",
+    )
+    g.add_argument(
+        "folder",
+        metavar="DIR",
+        help="folder of chunk-<i>-trace.csv and "
+        "chunk-<i>-dataset.json files (e.g. ServeGen's data/language/m-small)",
+    )
+    g.add_argument(
+        "--start-hour",
+        type=float,
+        default=0.0,
+        metavar="H",
+        help="where the trace starts in the data, in hours (default 0)",
+    )
+    g.add_argument(
+        "--hours", type=float, default=24.0, metavar="N", help="trace length in hours (default 24)"
+    )
+    g.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="multiply every client's recorded rate by K (ServeGen's "
+        "get_scaled_rate_fn; default 1)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    g.add_argument("-o", "--out", required=True, metavar="FILE", help="JSONL file to write")
+
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.plan_command == "bursty":
             return _bursty(args)
+        if args.plan_command == "servegen":
+            return _servegen(args)
         return _replay(args)
     except UsageError as e:
-        print(f"epp plan replay: error: {e}", file=sys.stderr)
+        print(f"epp plan {args.plan_command}: error: {e}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:  # TraceError, ConfigError, ProfileError, presets
-        print(f"epp plan replay: error: {_one_line(e)}", file=sys.stderr)
+        print(f"epp plan {args.plan_command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 
@@ -445,6 +484,39 @@ def _bursty(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.out}: {len(arrivals)} requests over {duration / 60:g} min, mean "
         f"{len(arrivals) / duration:.2f} req/s (seed {args.seed})"
+    )
+    return 0
+
+
+def _servegen(args: argparse.Namespace) -> int:
+    from epp.planner.offline.servegen import generate, mooncake_lines
+    from epp.planner.tracefile import load_servegen
+
+    for flag, v in (("--scale", args.scale), ("--hours", args.hours)):
+        if not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"{flag} must be a positive number, got {v:g}")
+    if not (args.start_hour >= 0 and math.isfinite(args.start_hour)):
+        raise UsageError(f"--start-hour must be 0 or more, got {args.start_hour:g}")
+    pool = load_servegen(args.folder)
+    w = generate(pool, args.start_hour * 3600.0, args.hours * 3600.0, args.scale, args.seed)
+    if len(w) == 0:
+        raise UsageError(
+            f"no client sent a request in hours {args.start_hour:g}-"
+            f"{args.start_hour + args.hours:g} of {args.folder}"
+        )
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            for line in mooncake_lines(w):
+                f.write(line + "\n")
+    except OSError as e:
+        raise UsageError(f"{args.out}: cannot write the trace: {e.strerror}") from None
+    rates = w.window_rates()
+    absent = ", ".join(map(str, w.absent)) or "none"
+    print(
+        f"wrote {args.out}: {len(w)} requests over {args.hours:g} h from {w.clients} clients "
+        f"(seed {args.seed}); mean {len(w) / w.duration_s:.2f} req/s, 10-min windows "
+        f"{rates.min():.2f}-{rates.max():.2f} req/s; clients without a length file, left "
+        f"out: {absent}"
     )
     return 0
 
