@@ -622,3 +622,27 @@ def test_request_target_below_what_no_load_allows_aims_just_under_it():
     seen = obs(completions=600, isl=16_000, osl=50, isl_samples=(1000, 16_000), replicas=agg(1))
     d = pol.step(60, seen)
     assert d.diagnostics["request_share"] < 0.99 and d.targets[A] < 50
+
+
+def _with_requests(o, ttfts, itls):
+    return dataclasses.replace(o, ttft_ms_samples=tuple(ttfts), itl_ms_by_request=tuple(itls))
+
+
+def test_a_miss_while_replicas_start_is_reported_as_start_up_bound():
+    """An interval that kept fewer than 95 % of its requests within both SLAs while
+    replicas were starting says so (reason and `startup_bound` diagnostic); the same
+    miss with nothing starting, or 96 % kept while starting, does not."""
+    policy = epp(pool="aggregated", startup_time=120)
+    # 10 requests, TTFT SLA 300 ms, ITL 10 ms: 8 within, 2 over the TTFT -> 80 %
+    base = obs(completions=10, osl=150, replicas=agg(2, starting=2))
+    missed = _with_requests(base, [100] * 8 + [900] * 2, [5.0] * 10)
+    d = policy.step(60, missed)
+    assert d.diagnostics["startup_bound"] == 1.0
+    assert "start-up-bound: 80.0% of the interval's requests" in d.reason
+    assert "2 replica(s) start (startup-time 120 s)" in d.reason
+    calm = epp(pool="aggregated", startup_time=120)
+    nothing = dataclasses.replace(missed, replicas=agg(4))
+    assert calm.step(60, nothing).diagnostics["startup_bound"] == 0.0
+    kept = epp(pool="aggregated", startup_time=120)
+    ok = _with_requests(base, [100] * 96 + [900] * 4, [5.0] * 100)
+    assert kept.step(60, ok).diagnostics["startup_bound"] == 0.0

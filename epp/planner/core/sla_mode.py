@@ -129,7 +129,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from epp.planner.core import agg_itl
 from epp.planner.core.agg_ttft import AggregatedTtft, aggregated_ttft
-from epp.planner.core.attainment import AttainmentControl
+from epp.planner.core.attainment import AttainmentControl, Tally
 from epp.planner.core.config import PlannerConfig
 from epp.planner.core.mode import Proposal, current
 from epp.planner.core.perf import Profile
@@ -144,6 +144,7 @@ QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
 MIN_DECODE_SHARE = 0.1  # prefill interference: decode keeps at least this share of a step
 MIN_INTERFERENCE_SAMPLES = 20  # completions an interval needs to teach the ITL factor then
+STARTUP_BOUND_SHARE = 0.95  # an interval below this while replicas start is start-up-bound
 OSL_SAMPLES = 512  # answer lengths kept for the request-level sizing (a bounded stride)
 
 
@@ -221,7 +222,11 @@ class SlaMode:
         if self._x.emergency_scale_up:
             sized = self._emergency(obs, sized, notes, diag)
         targets, why = self._hysteresis(now, sized, have, obs.start)
+        bound = self._startup_bound(obs)
+        if bound:
+            why.append(bound)
         diag |= {
+            "startup_bound": 1.0 if bound else 0.0,
             "p_correction": self.p_correction,
             "d_correction": self.d_correction,
             "horizon_intervals": float(self.horizon),
@@ -233,6 +238,24 @@ class SlaMode:
             + "; ".join(notes + why)
         )
         return Proposal(targets, reason, predicted=pred, demand=demand, diagnostics=diag)
+
+    def _startup_bound(self, obs: Observation) -> str:
+        """Non-empty when the interval just closed kept fewer than `STARTUP_BOUND_SHARE`
+        of its completed requests within both SLAs while replicas this planner asked
+        for were still starting: capacity was decided and is on its way, and no sizing
+        can keep the promise until it serves. The planner says so (the decision's
+        reason, the `startup_bound` diagnostic) instead of missing silently."""
+        starting = sum(obs.replicas_of(r).starting for r in self._roles)
+        if not starting:
+            return ""
+        tally = Tally.of(obs, self._cfg.sla.ttft, self._cfg.sla.itl)
+        if not tally.requests or tally.share >= STARTUP_BOUND_SHARE:
+            return ""
+        return (
+            f"start-up-bound: {tally.share:.1%} of the interval's requests within the SLA "
+            f"while {starting} replica(s) start (startup-time {self._x.startup_time:g} s): "
+            "the capacity is decided, the SLA cannot be kept until it serves"
+        )
 
     def committed(self, targets: Mapping[Role, int], obs: Observation) -> None:
         if any(targets.get(r, 0) > obs.replicas_of(r).active for r in self._roles):
