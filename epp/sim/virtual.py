@@ -54,6 +54,9 @@ HASH_BASE = 1 << 20
 TAIL_BASE = 1 << 40
 _TAIL_SPAN = 1 << 21  # > any model length, so request tails never overlap
 _SHARED_CHANNEL = Channel(stream=False)  # nobody waits on a virtual request
+# steps `_started_before` walks on from its remembered answer before solving instead (the
+# same answer either way: `total` is non-decreasing in m)
+_WALK = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,12 +407,16 @@ class VirtualEngine:
             lo = hi
             m += 1
             hi = math.inf if m == cap else total(m)
-            while hi < budget:
+            walked = 0
+            while hi < budget and walked < _WALK:
                 lo = hi
                 m += 1
                 hi = math.inf if m == cap else total(m)
-            self._started = (run, lo, hi, m)
-            return m
+                walked += 1
+            if hi >= budget:
+                self._started = (run, lo, hi, m)
+                return m
+            # far ahead (a lightly loaded replica between arrivals): solve instead
         m = run.started_before(t)
         lo = -math.inf if m == 0 else (0.0 if m == 1 else run.total(m - 1))
         hi = 0.0 if m == 0 else (math.inf if m == run.steps else run.total(m))

@@ -41,7 +41,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from epp.config.loader import DEFAULT_CONFIG
 from epp.planner.core.types import EndpointLoad, Replicas, Role
+from epp.planner.offline.routing import EppRouter
 from epp.sim.config import SimConfig
 from epp.sim.virtual import Finished, Load, VirtualEngine
 
@@ -80,13 +82,40 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class Routing:
+    """The EPP config the replay routes with: its YAML text and where it came from."""
+
+    text: str
+    source: str
+
+
+# `epp serve` without --config (config/default.yaml)
+DEFAULT_ROUTING = Routing(DEFAULT_CONFIG, "<built-in default>")
+
+
+@dataclass(frozen=True, slots=True)
 class PoolShape:
-    """What every replica is: the simulated server, its GPUs, how long it takes to start."""
+    """What every replica is: the simulated server, its GPUs, how long it takes to start,
+    and the EPP config in front of the pool (None: the weighted blend, `_scores`)."""
 
     sim: SimConfig
     gpus_per_replica: int = 1
     startup_s: float = 120.0
     block_tokens: int = 512  # the trace's prefix-block size (Mooncake: 512)
+    routing: Routing | None = DEFAULT_ROUTING
+
+    def router(self, seed: int) -> EppRouter | None:
+        """A fresh router for one replay (empty prefix index, seeded tie-breaks)."""
+        if self.routing is None:
+            return None
+        return EppRouter(
+            self.routing.text,
+            self.routing.source,
+            seed=seed,
+            block_tokens=self.block_tokens,
+            cache_block_size=self.sim.block_size,
+            cache_num_blocks=self.sim.num_gpu_blocks,
+        )
 
     def __post_init__(self) -> None:
         if self.gpus_per_replica < 1:
@@ -128,8 +157,11 @@ class Pool:
         seed: int = 0,
         spares: Spares | None = None,
         lazy: bool = True,
+        router: EppRouter | None = None,
     ) -> None:
         self.shape = shape
+        self.router = router  # None: the weighted blend below (`_scores`)
+        self._by_name: dict[str, Replica] = {}
         self.role = role
         self.spares = spares or Spares()
         self.replicas: list[Replica] = []  # every replica the run started (lifetimes)
@@ -155,9 +187,12 @@ class Pool:
         ready_at = now if ready else now + self.shape.startup_s
         rep = Replica(name, self.role, engine, self.shape.gpus_per_replica, now, ready_at)
         rep.seq = self._next - 1
+        self._by_name[name] = rep
         if ready:
             rep.state = State.READY
             self._ready = None
+            if self.router is not None:
+                self.router.join(name)
         else:
             self._pending.append(rep)
         self.replicas.append(rep)
@@ -198,10 +233,14 @@ class Pool:
             if r.state is State.STARTING and r.ready_at <= now:
                 r.state = State.READY
                 self._ready = None
+                if self.router is not None:
+                    self.router.join(r.name)
             elif r.state is State.DRAINING and r.in_flight == 0:
                 r.state = State.GONE
                 r.released_at = max(r.last_finish, r.drain_from)
                 self._retire(r)
+                if self.router is not None:
+                    self.router.leave(r.name)
                 gone = True
         self._pending = [r for r in self._pending if r.state in (State.STARTING, State.DRAINING)]
         if gone:
@@ -253,6 +292,8 @@ class Pool:
         for r in order[:excess]:
             r.state = State.DRAINING
             r.drain_from = now
+            if self.router is not None:
+                self.router.drain(r.name)
         self._pending = sorted(
             [r for r in self._pending if r.state is not State.GONE] + order[:excess],
             key=lambda r: r.seq,
@@ -288,6 +329,9 @@ class Pool:
             r.in_flight -= len(finished)
             r.last_finish = max(r.last_finish, max(f.finish for f in finished))
             done += finished
+            if self.router is not None:
+                for f in finished:
+                    self.router.finished(f.rid, f.finish)
 
     def _schedule(self, r: Replica) -> None:
         """(Re)enter `r` in the heap at its engine's `due_after` (older entries lapse)."""
@@ -305,6 +349,8 @@ class Pool:
         if not ready:
             raise LookupError("no ready replica")
         now = max(self.now, at)
+        if self.router is not None:
+            return self._route_epp(rid, isl, osl, at, now, hash_ids, ready)
         signals = [r.engine.signals(now) for r in ready]
         scores = _scores(signals, self._prefix_matches(ready, hash_ids), len(hash_ids))
         best = max(scores)
@@ -315,6 +361,35 @@ class Pool:
             self._schedule(rep)
         rep.in_flight += 1
         self._remember(rep, hash_ids)
+        return rep
+
+    def _route_epp(
+        self,
+        rid: int,
+        isl: int,
+        osl: int,
+        at: float,
+        now: float,
+        hash_ids: Sequence[int],
+        ready: list[Replica],
+    ) -> Replica:
+        """The EPP's own pick (`routing.EppRouter`), told first what passed by `now`."""
+        router = self.router
+        assert router is not None
+
+        def loads():
+            for r in ready:
+                ld = r.engine.load(now)
+                yield r.name, ld.waiting, ld.running, ld.kv_usage
+
+        router.settle(now, loads)
+        rep = self._by_name[router.pick(rid, isl, osl, hash_ids)]
+        engine = rep.engine
+        engine.add(rid, isl, osl, at, hash_ids)
+        router.routed(rid, rep.name, engine.scheduler.waiting[-1])
+        if self.lazy:
+            self._schedule(rep)
+        rep.in_flight += 1
         return rep
 
     def _prefix_matches(self, ready: list[Replica], hash_ids: Sequence[int]) -> list[int]:
