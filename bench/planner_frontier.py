@@ -95,6 +95,15 @@ def check(name: str, run: dict[str, Any], epp: dict[str, Any], pols: dict, minut
         f"{epp['gpu_hours_vs_static_peak']:.2f}x static-peak "
         f"({'met' if epp['gpu_hours_vs_static_peak'] <= 0.65 else 'MISSED'} <= 0.65x)",
     ]
+    peak = next((p for p in run["policies"] if p["name"] == "static-peak"), None)
+    if peak is not None:
+        gap = 100 * (peak["sla_requests"] - epp["sla_requests"])
+        cheaper = epp["gpu_hours"] <= peak["gpu_hours"]
+        ok = gap <= 0.5 and cheaper
+        parts.append(
+            f"{gap:+.1f} points below static-peak at {'fewer' if cheaper else 'more'} GPU-hours "
+            f"({'met' if ok else 'MISSED'}: <= 0.5 at equal or fewer)"
+        )
     if cheapest:
         r = epp["gpu_hours"] / cheapest
         parts.append(
