@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from epp.planner import parallel
 from epp.planner.core.types import Policy
 from epp.planner.offline import compare as cmp
 from epp.planner.offline.laws.catalog import LAW_NAMES, law_factories
 from epp.planner.offline.laws.oracle import DEFAULT_TARGET, parse_target
 from epp.planner.offline.outcome import Sla, Summary
-from epp.planner.offline.pool import PoolShape, Spares
+from epp.planner.offline.pool import DEFAULT_ROUTING, PoolShape, Routing, Spares
 from epp.planner.offline.replay import Arrival, Progress
 from epp.planner.offline.sla_pick import PRODUCT_SLA_SOURCE
 from epp.planner.offline.static import (
@@ -191,6 +192,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seed of the routing tie-break and --rate-scale (default 0)",
     )
     r.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    r.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the EPP config the replay routes with, as epp serve --config (default: "
+        "config/default.yaml, epp serve's built-in default)",
+    )
+    r.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="with --compare: replay up to N policies at once, one process each "
+        "(default: the CPUs this process may use)",
+    )
 
     b = sub.add_parser(
         "bursty",
@@ -295,7 +309,14 @@ def _replay(args: argparse.Namespace) -> int:
     preset = presets.get(args.preset)  # ValueError names the known ones
     caching = any(a.hash_ids for a in arrivals)
     sim = presets.config_for(preset.name, enable_prefix_caching=caching)
-    shape = PoolShape(sim, gpus_per_replica=_preset_gpus(preset.name), startup_s=args.startup_s)
+    shape = PoolShape(
+        sim,
+        gpus_per_replica=_preset_gpus(preset.name),
+        startup_s=args.startup_s,
+        routing=_routing(args.config),
+    )
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be 1 or more")
     say = _Say(args.quiet)
     say(
         f"trace {args.trace}: {len(arrivals)} requests over {arrivals[-1].t_s / 60:.1f} min"
@@ -363,6 +384,7 @@ def _replay(args: argparse.Namespace) -> int:
                 progress=say.progress,
                 statics=[n for n in names if n in STATIC_NAMES],
                 reuse=fixed,
+                runner=parallel.runner(args.jobs or parallel.default_workers(), say.done),
             )
             fixed = {r.summary.policy: r for r in results if r.summary.policy in STARTUP_FREE}
         elif names[0] in fixed:
@@ -486,6 +508,21 @@ def _bursty(args: argparse.Namespace) -> int:
         f"{len(arrivals) / duration:.2f} req/s (seed {args.seed})"
     )
     return 0
+
+
+def _routing(path: str | None) -> Routing:
+    """The config the replay routes with, checked now (a bad file fails before any
+    replay, naming the field, as epp serve would)."""
+    if path is None:
+        return DEFAULT_ROUTING
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read: {e.strerror or e}") from None
+    from epp.planner.offline.routing import load
+
+    load(text, path, 0, lambda: 0.0)  # ConfigError (a ValueError) names the field
+    return Routing(text, path)
 
 
 def _servegen(args: argparse.Namespace) -> int:
@@ -1044,10 +1081,19 @@ class _Say:
             if wall - last[0] >= 2.0 or now >= end:
                 last[0] = wall
                 pct = 100.0 * now / end if end > 0 else 100.0
-                print(
-                    f"  {name}: {now / 60:6.1f} of {end / 60:.1f} min ({pct:3.0f} %)",
-                    file=sys.stderr,
-                    flush=True,
+                # one write per line: replays in parallel processes share stderr
+                sys.stderr.write(
+                    f"  {name}: {now / 60:6.1f} of {end / 60:.1f} min ({pct:3.0f} %)\n"
                 )
+                sys.stderr.flush()
 
         return report
+
+    def done(self, name: str, result: cmp.Result, cpu_s: float) -> None:
+        """A replay's end: its speed in requests per CPU second."""
+        if self.quiet:
+            return
+        n = len(result.run.served) + len(result.run.rejected)
+        rate = f"{n / cpu_s:,.0f} requests/s" if cpu_s > 0 else "-"
+        sys.stderr.write(f"  {name}: done, {n} requests in {cpu_s:.1f} s CPU ({rate})\n")
+        sys.stderr.flush()

@@ -375,12 +375,12 @@ class VirtualEngine:
             used += self._run_new_blocks(run, m)
         return Load(waiting, running, used / self.kv.num_blocks, tokens)
 
-    def signals(self, at: float) -> tuple[int, float]:
-        """`load(at)`'s waiting requests and KV use only: what routing scores, read for
-        every ready replica at every arrival, without the tokens left or a `Load`."""
+    def gauges(self, at: float) -> tuple[int, int, float]:
+        """`load(at)`'s waiting and running requests and KV use: what a scrape of
+        /metrics reads, without the tokens left or a `Load`."""
         base = self._base
         if base is None:
-            base = self.load(at)  # builds the queues' part, then the cheap path below
+            self.load(at)  # builds the queues' part
             base = self._base
             assert base is not None
         used = base[2]
@@ -388,7 +388,7 @@ class VirtualEngine:
         if run is not None:
             now = self._now if self._now >= at else at
             used += self._run_new_blocks(run, self._started_before(run, now))
-        return base[0], used / self.kv.num_blocks
+        return base[0], base[1], used / self.kv.num_blocks
 
     def _started_before(self, run: _DecodeRun, t: float) -> int:
         """`run.started_before(t)`, remembered with the budgets it holds for: the same

@@ -228,7 +228,7 @@ def test_load_read_often_inside_runs_is_the_single_stepped_load():
 
 def test_reading_an_engine_not_yet_due_equals_advancing_it_first():
     # Issue 15 item 3: a pool advances an engine only once `due_after()` has passed and
-    # reads the others at the arrival (`load(at)`, `signals(at)`). Against an engine
+    # reads the others at the arrival (`load(at)`, `gauges(at)`). Against an engine
     # advanced to every read time first: the same load to the bit, read every 7 ms
     # (inside decode runs, across block boundaries), and the remembered step count
     # equals `started_before`'s.
@@ -250,7 +250,7 @@ def test_reading_an_engine_not_yet_due_equals_advancing_it_first():
             continue
         want = ref.load()
         assert lazy.load(at) == want
-        assert lazy.signals(at) == (want.waiting, want.kv_usage)
+        assert lazy.gauges(at) == (want.waiting, want.running, want.kv_usage)
         run = lazy._run
         if run is not None:
             assert lazy._started_before(run, at) == run.started_before(at)

@@ -233,6 +233,16 @@ def run_factory(
     )  # fmt: skip
 
 
+# runs a comparison's replays and returns their results in order: in this process one
+# after another (`sequential`), or each in its own process (the CLI's `parallel.run_all`)
+Job = Callable[[], Result]
+Runner = Callable[[Sequence[tuple[str, Job]]], list[Result]]
+
+
+def sequential(jobs: Sequence[tuple[str, Job]]) -> list[Result]:
+    return [job() for _, job in jobs]
+
+
 def compare(
     arrivals: Sequence[Arrival],
     setup: Setup,
@@ -243,53 +253,39 @@ def compare(
     progress: Callable[[str], Progress] | None = None,
     statics: Sequence[str] = STATIC,
     reuse: Mapping[str, Result] | None = None,
+    runner: Runner = sequential,
 ) -> list[Result]:
     """The `statics` asked for (both by default), then each factory's policy, in
     `ORDER`. `reuse`: results to take as they are instead of replaying (in a start-up
     sweep, the static pools, which start ready and never scale, and the oracle, which
-    starts instantly: the delay cannot change them)."""
+    starts instantly: the delay cannot change them). Every replay is independent of the
+    others, so `runner` may run them side by side."""
     spares = spares or Spares()
     reuse = reuse or {}
 
     def hook(name: str) -> Progress | None:
         return progress(name) if progress else None
 
-    out = []
-    if "static-peak" in statics:
-        out.append(
-            reuse.get("static-peak")
-            or static_peak(arrivals, setup, seed=seed, spares=spares, progress=hook("static-peak"))
-        )
     n = setup.mean.replicas
-    if "static-mean" in reuse and "static-mean" in statics:
-        out.append(reuse["static-mean"])
-    elif "static-mean" in statics:
-        mean = StaticPolicy("static-mean", n, setup.interval_s)
-        out.append(
-            run_policy(
-                arrivals,
-                mean,
-                setup,
-                n,
-                seed=seed,
-                spares=spares,
-                progress=hook("static-mean"),
+    names: list[str] = [s for s in STATIC if s in statics]
+    names += sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))
+
+    def job(name: str) -> Job:
+        if name == "static-peak":
+            return lambda: static_peak(
+                arrivals, setup, seed=seed, spares=spares, progress=hook(name)
+            )
+        if name == "static-mean":
+            mean = StaticPolicy("static-mean", n, setup.interval_s)
+            return lambda: run_policy(
+                arrivals, mean, setup, n, seed=seed, spares=spares, progress=hook(name),
                 note=f"{n} from an average interval",
-            )
-        )
-    for name in sorted(factories, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER)):
-        if name in reuse:
-            out.append(reuse[name])
-            continue
-        out.append(
-            run_factory(
-                arrivals,
-                name,
-                factories[name],
-                setup,
-                seed=seed,
-                spares=spares,
-                progress=hook(name),
-            )
-        )
-    return out
+            )  # fmt: skip
+        return lambda: run_factory(
+            arrivals, name, factories[name], setup, seed=seed, spares=spares,
+            progress=hook(name),
+        )  # fmt: skip
+
+    jobs = [(name, job(name)) for name in names if name not in reuse]
+    done = dict(zip([name for name, _ in jobs], runner(jobs), strict=True))
+    return [reuse[name] if name in reuse else done[name] for name in names]

@@ -10,15 +10,11 @@ completes. No request is ever dropped; requests that arrive while no replica is 
 wait in the EPP (as `director.py`'s scale-from-zero hold queue does) and are routed
 when one is.
 
-Routing is GIE's default scheduling profile (reference gie-epp.md §3.3 and the default
-config it lists: `queue-scorer` weight 2, `kv-cache-utilization-scorer` 2,
-`prefix-cache-scorer` 3, `max-score-picker` with a random tie-break):
-queue = (max q - q)/(max q - min q) over the ready replicas (1 when all equal),
-kv = 1 - KV use, prefix = leading trace blocks the replica was sent / blocks in the
-request, from an approximate index like `approx-prefix-cache-producer` (per replica an
-LRU of block ids as large as its KV cache; a walk stops at the first block no replica
-has). Scores read the engines' exact state at the arrival, where GIE reads metrics
-scraped every 50 ms; at these arrival rates the difference is one step's progress.
+Routing is the EPP's own (`routing.EppRouter`): the `Director` and scheduler of the
+config `epp serve` would run (config/default.yaml unless the replay names another), told
+the pool's membership, scrapes and the requests it holds as `epp serve` would be. Every
+plugin of the config runs on every request: the cache hits and queueing of a replay are
+the ones the EPP would produce.
 
 Fleet scale (issue 15): routing reads every ready replica at every arrival, but most
 replicas are inside a planned decode run that nothing needs carried out yet. The pool
@@ -35,10 +31,8 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from epp.config.loader import DEFAULT_CONFIG
@@ -46,9 +40,6 @@ from epp.planner.core.types import EndpointLoad, Replicas, Role
 from epp.planner.offline.routing import EppRouter
 from epp.sim.config import SimConfig
 from epp.sim.virtual import Finished, Load, VirtualEngine
-
-# GIE default profile weights (gie-epp.md "Default profile: queue(2) + kv(2) + prefix(3)").
-QUEUE_WEIGHT, KV_WEIGHT, PREFIX_WEIGHT = 2.0, 2.0, 3.0
 
 
 class State(StrEnum):
@@ -71,7 +62,6 @@ class Replica:
     drain_from: float = math.inf  # asked to drain here
     last_finish: float = 0.0
     in_flight: int = 0  # requests routed here and not yet finished
-    prefix: OrderedDict[int, None] = field(default_factory=OrderedDict)
     seq: int = 0  # start order (the order every per-replica walk keeps)
     due_version: int = 0  # the pool's heap entry for this replica that is current
 
@@ -96,18 +86,16 @@ DEFAULT_ROUTING = Routing(DEFAULT_CONFIG, "<built-in default>")
 @dataclass(frozen=True, slots=True)
 class PoolShape:
     """What every replica is: the simulated server, its GPUs, how long it takes to start,
-    and the EPP config in front of the pool (None: the weighted blend, `_scores`)."""
+    and the EPP config in front of the pool."""
 
     sim: SimConfig
     gpus_per_replica: int = 1
     startup_s: float = 120.0
     block_tokens: int = 512  # the trace's prefix-block size (Mooncake: 512)
-    routing: Routing | None = DEFAULT_ROUTING
+    routing: Routing = DEFAULT_ROUTING
 
-    def router(self, seed: int) -> EppRouter | None:
+    def router(self, seed: int) -> EppRouter:
         """A fresh router for one replay (empty prefix index, seeded tie-breaks)."""
-        if self.routing is None:
-            return None
         return EppRouter(
             self.routing.text,
             self.routing.source,
@@ -157,19 +145,16 @@ class Pool:
         seed: int = 0,
         spares: Spares | None = None,
         lazy: bool = True,
-        router: EppRouter | None = None,
     ) -> None:
         self.shape = shape
-        self.router = router  # None: the weighted blend below (`_scores`)
+        self.router = shape.router(seed)
         self._by_name: dict[str, Replica] = {}
         self.role = role
         self.spares = spares or Spares()
         self.replicas: list[Replica] = []  # every replica the run started (lifetimes)
         self._live: list[Replica] = []  # those not GONE: what every per-arrival loop walks
-        self._rng = random.Random(seed)
         self.steps = 0  # engine steps of retired replicas (the rest: ask their engines)
         self._next = 0
-        self._prefix_capacity = max(1, shape.sim.kv_capacity_tokens // shape.block_tokens)
         self.lazy = lazy
         self.now = 0.0  # the last advance_to target
         self._due: list[tuple[float, int, int, Replica]] = []  # (due_after, version, seq, r)
@@ -191,8 +176,7 @@ class Pool:
         if ready:
             rep.state = State.READY
             self._ready = None
-            if self.router is not None:
-                self.router.join(name)
+            self.router.join(name)
         else:
             self._pending.append(rep)
         self.replicas.append(rep)
@@ -233,14 +217,12 @@ class Pool:
             if r.state is State.STARTING and r.ready_at <= now:
                 r.state = State.READY
                 self._ready = None
-                if self.router is not None:
-                    self.router.join(r.name)
+                self.router.join(r.name)
             elif r.state is State.DRAINING and r.in_flight == 0:
                 r.state = State.GONE
                 r.released_at = max(r.last_finish, r.drain_from)
                 self._retire(r)
-                if self.router is not None:
-                    self.router.leave(r.name)
+                self.router.leave(r.name)
                 gone = True
         self._pending = [r for r in self._pending if r.state in (State.STARTING, State.DRAINING)]
         if gone:
@@ -292,8 +274,7 @@ class Pool:
         for r in order[:excess]:
             r.state = State.DRAINING
             r.drain_from = now
-            if self.router is not None:
-                self.router.drain(r.name)
+            self.router.drain(r.name)
         self._pending = sorted(
             [r for r in self._pending if r.state is not State.GONE] + order[:excess],
             key=lambda r: r.seq,
@@ -329,9 +310,8 @@ class Pool:
             r.in_flight -= len(finished)
             r.last_finish = max(r.last_finish, max(f.finish for f in finished))
             done += finished
-            if self.router is not None:
-                for f in finished:
-                    self.router.finished(f.rid, f.finish)
+            for f in finished:
+                self.router.finished(f.rid, f.finish)
 
     def _schedule(self, r: Replica) -> None:
         """(Re)enter `r` in the heap at its engine's `due_after` (older entries lapse)."""
@@ -343,44 +323,17 @@ class Pool:
     # -- routing -----------------------------------------------------------------------
 
     def route(self, rid: int, isl: int, osl: int, at: float, hash_ids: Sequence[int]) -> Replica:
-        """Send a request to the best-scoring ready replica (call `advance_to(at)` first);
+        """Send a request where the EPP picks (call `advance_to(at)` first);
         raises LookupError when none is ready."""
         ready = self._ready_list()
         if not ready:
             raise LookupError("no ready replica")
         now = max(self.now, at)
-        if self.router is not None:
-            return self._route_epp(rid, isl, osl, at, now, hash_ids, ready)
-        signals = [r.engine.signals(now) for r in ready]
-        scores = _scores(signals, self._prefix_matches(ready, hash_ids), len(hash_ids))
-        best = max(scores)
-        tied = [i for i, s in enumerate(scores) if s == best]
-        rep = ready[tied[self._rng.randrange(len(tied))] if len(tied) > 1 else tied[0]]
-        rep.engine.add(rid, isl, osl, at, hash_ids)
-        if self.lazy:
-            self._schedule(rep)
-        rep.in_flight += 1
-        self._remember(rep, hash_ids)
-        return rep
-
-    def _route_epp(
-        self,
-        rid: int,
-        isl: int,
-        osl: int,
-        at: float,
-        now: float,
-        hash_ids: Sequence[int],
-        ready: list[Replica],
-    ) -> Replica:
-        """The EPP's own pick (`routing.EppRouter`), told first what passed by `now`."""
         router = self.router
-        assert router is not None
 
         def loads():
             for r in ready:
-                ld = r.engine.load(now)
-                yield r.name, ld.waiting, ld.running, ld.kv_usage
+                yield r.name, *r.engine.gauges(now)
 
         router.settle(now, loads)
         rep = self._by_name[router.pick(rid, isl, osl, hash_ids)]
@@ -391,26 +344,6 @@ class Pool:
             self._schedule(rep)
         rep.in_flight += 1
         return rep
-
-    def _prefix_matches(self, ready: list[Replica], hash_ids: Sequence[int]) -> list[int]:
-        matches = [0] * len(ready)
-        if not hash_ids:
-            return matches
-        for h in hash_ids:
-            holders = [i for i, r in enumerate(ready) if h in r.prefix]
-            if not holders:
-                break
-            for i in holders:
-                matches[i] += 1
-        return matches
-
-    def _remember(self, rep: Replica, hash_ids: Sequence[int]) -> None:
-        lru = rep.prefix
-        for h in hash_ids:
-            lru[h] = None
-            lru.move_to_end(h)
-        while len(lru) > self._prefix_capacity:
-            lru.popitem(last=False)
 
     # -- what the planner sees ---------------------------------------------------------
 
@@ -423,15 +356,3 @@ class Pool:
 
     def gpu_seconds(self, start: float, end: float) -> float:
         return sum(r.gpu_seconds(start, end) for r in self.replicas)
-
-
-def _scores(signals: list[tuple[int, float]], matches: list[int], blocks: int) -> list[float]:
-    """GIE's weighted sum per replica from (waiting, KV use) (`VirtualEngine.signals`)."""
-    qs = [w for w, _ in signals]
-    lo, hi = min(qs), max(qs)
-    out = []
-    for (waiting, kv), m in zip(signals, matches, strict=True):
-        queue = 1.0 if hi == lo else (hi - waiting) / (hi - lo)
-        prefix = m / blocks if blocks else 0.0
-        out.append(QUEUE_WEIGHT * queue + KV_WEIGHT * (1.0 - kv) + PREFIX_WEIGHT * prefix)
-    return out

@@ -139,7 +139,7 @@ def replay(
         raise ValueError("no arrivals to replay")
     if initial < 0:
         raise ValueError("initial must be >= 0")
-    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy, router=shape.router(seed))
+    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy)
     return _Replay(arrivals, policy, pool, initial, seed, max_tail_s, progress).run()
 
 
