@@ -630,15 +630,24 @@ def _sweep(
             )
             config = dataclasses.replace(config, load=load)
             variants["load"].append((f"kv {up:g}/{down:g}", _make(config, "load", profile)))
+    jobs: list[tuple[str, cmp.Job]] = []
+    settings_of: list[str] = []
     for name, settings in variants.items():
         for setting, factory in settings:
             if setting == documented.get(name):
                 continue  # the comparison's own row
-            res = cmp.run_factory(
-                arrivals, name, factory, setup, seed=args.seed, spares=spares,
-                progress=say.progress(f"{name} {setting}"),
-            )  # fmt: skip
-            points.append(Point.of(res, setting))
+
+            def job(name: str = name, setting: str = setting, factory=factory) -> cmp.Result:
+                return cmp.run_factory(
+                    arrivals, name, factory, setup, seed=args.seed, spares=spares,
+                    progress=say.progress(f"{name} {setting}"),
+                )  # fmt: skip
+
+            jobs.append((f"{name} {setting}", job))
+            settings_of.append(setting)
+    run_all = parallel.runner(args.jobs or parallel.default_workers(), say.done)
+    for setting, res in zip(settings_of, run_all(jobs), strict=True):
+        points.append(Point.of(res, setting))
     return points
 
 
