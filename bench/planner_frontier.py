@@ -110,6 +110,8 @@ def check(name: str, run: dict[str, Any], epp: dict[str, Any], pols: dict, minut
             f"{r:.2f}x the cheapest field point at >= 99 % ({'met' if r <= 0.9 else 'MISSED'} "
             "<= 0.9x)"
         )
+    elif not pols:
+        parts.append("the laws were not swept")
     else:
         parts.append("no field law reaches 99 % at any swept setting")
     return f"- {name}, start-up {run['startup_s']:g} s, epp: " + "; ".join(parts)
