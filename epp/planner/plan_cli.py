@@ -29,6 +29,7 @@ from epp.planner.offline.laws.oracle import DEFAULT_TARGET, parse_target
 from epp.planner.offline.outcome import Sla, Summary
 from epp.planner.offline.pool import DEFAULT_ROUTING, PoolShape, Routing, Spares
 from epp.planner.offline.replay import Arrival, Progress
+from epp.planner.offline.sla_pick import PRODUCT_SLA_SOURCE
 from epp.planner.offline.static import (
     ITL_HEADROOM,
     STATIC_NAMES,
@@ -45,7 +46,16 @@ PLANNER_POLICIES = ("load", "dynamo", "epp")
 MODE_OF = {"load": "load", "dynamo": "dynamo", "epp": "sla"}
 # results a start-up sweep replays once: static pools never scale, the oracle starts at once
 STARTUP_FREE = (*STATIC_NAMES, "oracle")
-SLA_RULES = ("requests", "intervals")
+SLA_RULES = ("product", "requests", "intervals")
+DYNAMO_AGG_REFUSAL = (
+    "upstream Dynamo's aggregated planner refuses throughput (SLA) scaling ('Aggregated "
+    "planner only supports load-based scaling', ai-dynamo/dynamo "
+    "components/src/dynamo/planner/core/agg.py); its load-based loop sizes on engine "
+    "forward-pass metrics this replay does not produce"
+)
+# load's operating point for --sweep: the KV use the profiler's formula centres its
+# band on (decode_kv_bounds: up = util + 0.2, down = util - 0.2, floored at 0.1)
+LOAD_KV_UTILS = (0.1, 0.3, 0.5, 0.7)
 
 
 class UsageError(Exception):
@@ -91,21 +101,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ttft",
         type=float,
         metavar="MS",
-        help="TTFT SLA, ms: each request is judged on it, each interval on its p90",
+        help="TTFT SLA, ms (default 500, Dynamo's planner default): each request is "
+        "judged on it, each interval on its p90",
     )
     r.add_argument(
         "--itl",
         type=float,
         metavar="MS",
-        help="ITL SLA, ms: each request is judged on it, each interval on its p90",
+        help="ITL SLA, ms (default 50, Dynamo's planner default): each request is "
+        "judged on it, each interval on its p90",
     )
     r.add_argument(
         "--sla-rule",
         choices=SLA_RULES,
-        default="requests",
-        help="without --ttft/--itl, how the SLA is picked: requests (default: the tightest "
-        "at which static-peak keeps >= 99 %% of requests within both and >= 95 %% in every "
-        "5-minute window) or intervals (p90s within it in every interval of static-peak)",
+        default="product",
+        help="how the SLA every policy is judged on is set: product (default: a product "
+        "target, TTFT 500 ms and ITL 50 ms per request as Dynamo's SLA planner defaults, "
+        "or the planner file's ttft/itl; --ttft/--itl override either), requests (the "
+        "tightest at which static-peak keeps >= 99 %% of requests within both and >= 95 %% "
+        "in every 5-minute window) or intervals (p90s within it in every interval of "
+        "static-peak)",
     )
     r.add_argument(
         "--oracle-target",
@@ -141,6 +156,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write GPU-hours against request attainment, one point per policy and "
         "start-up delay (PNG)",
+    )
+    r.add_argument(
+        "--sweep",
+        action="store_true",
+        help="with --compare: also run each field law over its main knob (llm-d-slo's band, "
+        "keda-queue's per-replica target, load's operating point) and print each "
+        "policy's frontier (GPU-hours against the share of requests within both SLAs) and "
+        "its cheapest setting keeping >= 99 %% of requests within them",
     )
     r.add_argument(
         "--time-limit",
@@ -303,14 +326,20 @@ def _replay(args: argparse.Namespace) -> int:
     spares = Spares()
     sizer = Sizer(arrivals, shape, spares)
     sla = _given_sla(args)
-    if sla is None and (args.ttft is not None or args.itl is not None):
+    rule = "given" if sla is not None else args.sla_rule
+    if sla is None and args.sla_rule == "product":
+        sla = _product_sla(args)
+    elif sla is None and (args.ttft is not None or args.itl is not None):
         picked = sizer.default_sla(interval)
         sla = Sla(args.ttft or picked.ttft_ms, args.itl or picked.itl_ms)
+        rule = "given"
     try:
         setup = cmp.prepare(arrivals, shape, interval, sla, sizer=sizer)
     except NoPoolMeetsSla as e:
         raise UsageError(str(e)) from None
     setup = dataclasses.replace(setup, budget_gpus=_budget(args, setup))
+    if rule == "product":
+        setup = dataclasses.replace(setup, sla_rule="product")
     fixed: dict[str, cmp.Result] = {}
     if setup.sla_picked and args.sla_rule == "requests":
         setup, fixed["static-peak"] = cmp.pick_request_sla(
@@ -318,6 +347,13 @@ def _replay(args: argparse.Namespace) -> int:
         )
     _describe(setup, preset.name, args, say)
 
+    if args.sweep and not args.compare:
+        raise UsageError("--sweep sweeps the laws of a comparison: give --compare")
+    refused = {}
+    if args.compare and "dynamo" in names:  # every pool the replay builds is aggregated
+        names = [n for n in names if n != "dynamo"]
+        refused["dynamo"] = DYNAMO_AGG_REFUSAL
+        say(f"dynamo: not run: {DYNAMO_AGG_REFUSAL}")
     planners = [n for n in names if n in PLANNER_POLICIES]
     profile = _shared_profile(planners, args, setup, say)
     laws = law_factories(
@@ -332,6 +368,7 @@ def _replay(args: argparse.Namespace) -> int:
         progress=say.progress,
     )
     runs: list[tuple[cmp.Setup, list[cmp.Result]]] = []
+    sweeps: list[list[Any]] = []
     for startup in startups:
         # Static pools start ready and never scale, the oracle starts instantly: the
         # start-up delay cannot change them, so a sweep replays them once.
@@ -360,6 +397,15 @@ def _replay(args: argparse.Namespace) -> int:
         if len(startups) > 1:
             print(f"\n== start-up {startup:g} s ==")
         print_comparison(results, at)
+        for name, why in refused.items():
+            print(f"{name:<12} not run: {why}")
+        if args.sweep:
+            from epp.planner.offline.sweep import frontier_lines
+
+            points = _sweep(arrivals, at, names, args, results, spares, say, profile)
+            sweeps.append(points)
+            print()
+            print("\n".join(frontier_lines(points)))
         say(f"replayed in {time.monotonic() - started:.1f} s wall")
         runs.append((at, results))
     if args.json:
@@ -371,6 +417,15 @@ def _replay(args: argparse.Namespace) -> int:
         }
         if "oracle" in names:
             meta["oracle_target"] = str(oracle_target)
+        if refused:
+            meta["refused"] = refused
+        if sweeps:
+            from epp.planner.offline.sweep import sweep_json
+
+            meta["sweep"] = [
+                {"startup_s": at.shape.startup_s, **sweep_json(points)}
+                for (at, _), points in zip(runs, sweeps, strict=True)
+            ]
         if len(runs) == 1:
             write_json(Path(args.json), runs[0][1], runs[0][0], preset.name, meta)
         else:
@@ -388,7 +443,13 @@ def _replay(args: argparse.Namespace) -> int:
         title = Path(args.trace).name
         if args.rate_scale is not None and args.rate_scale != 1:
             title += f" x{args.rate_scale:g}"
-        plot_pareto(Path(args.pareto), pareto_points(runs), title=title, sla=setup.sla)
+        plot_pareto(
+            Path(args.pareto),
+            pareto_points(runs),
+            title=title,
+            sla=setup.sla,
+            sweeps=[p for points in sweeps for p in points],
+        )
         say(f"wrote {args.pareto}")
     return 0
 
@@ -523,6 +584,80 @@ def _single(
     )  # fmt: skip
 
 
+def _product_sla(args: argparse.Namespace) -> Sla:
+    """The product target: --ttft/--itl, else the planner file's ttft/itl, else
+    Dynamo's SLA planner defaults (`sla_pick.product_sla`)."""
+    from epp.planner.offline.sla_pick import product_sla
+
+    ttft, itl = args.ttft, args.itl
+    if args.planner is not None:
+        file_sla = _planner_config(args).sla
+        ttft = file_sla.ttft if ttft is None else ttft
+        itl = file_sla.itl if itl is None else itl
+    return product_sla(ttft, itl)
+
+
+def _sweep(
+    arrivals: Sequence[Arrival],
+    setup: cmp.Setup,
+    names: Sequence[str],
+    args: argparse.Namespace,
+    results: Sequence[cmp.Result],
+    spares: Spares,
+    say: _Say,
+    profile: Any,
+) -> list[Any]:
+    """Every result of the comparison as one point (the laws' documented set-ups marked),
+    then each law's other settings (`laws.catalog.law_sweeps`; load over its operating
+    point, `LOAD_KV_UTILS`), each replayed from the static-mean pool as the comparison
+    replays the law."""
+    from epp.planner.offline.laws.catalog import law_sweeps
+    from epp.planner.offline.sweep import Point
+
+    documented = {"keda-queue": "target 5", "llm-d-slo": "band 0.55/0.4", "load": "profiler"}
+    points = [
+        Point.of(r, documented.get(r.summary.policy, "default"), r.summary.policy in documented)
+        for r in results
+    ]
+    variants = law_sweeps(names, sla=setup.sla, shape=setup.shape, budget_gpus=setup.budget_gpus)
+    if "load" in names:
+        base = _planner_config(args)
+        variants["load"] = []
+        for util in LOAD_KV_UTILS:
+            up, down = min(1.0, util + 0.2), max(0.1, util - 0.2)
+            config = _config_for("load", base, args, setup)
+            load = dataclasses.replace(
+                config.load, decode_kv_scale_up_threshold=up, decode_kv_scale_down_threshold=down
+            )
+            config = dataclasses.replace(config, load=load)
+            variants["load"].append((f"kv {up:g}/{down:g}", _make(config, "load", profile)))
+    jobs: list[tuple[str, cmp.Job]] = []
+    settings_of: list[str] = []
+    for name, settings in variants.items():
+        for setting, factory in settings:
+            if setting == documented.get(name):
+                continue  # the comparison's own row
+
+            def job(name: str = name, setting: str = setting, factory=factory) -> cmp.Result:
+                return cmp.run_factory(
+                    arrivals, name, factory, setup, seed=args.seed, spares=spares,
+                    progress=say.progress(f"{name} {setting}"),
+                )  # fmt: skip
+
+            jobs.append((f"{name} {setting}", job))
+            settings_of.append(setting)
+    run_all = parallel.runner(args.jobs or parallel.default_workers(), say.done)
+    for setting, res in zip(settings_of, run_all(jobs), strict=True):
+        points.append(Point.of(res, setting))
+    return points
+
+
+def _make(config: Any, name: str, profile: Any) -> cmp.PolicyFactory:
+    from epp.planner.core.planner import build_policy
+
+    return lambda: build_policy(name, config, profile)
+
+
 def _given_sla(args: argparse.Namespace) -> Sla | None:
     if args.ttft is not None and args.itl is not None:
         return Sla(args.ttft, args.itl)
@@ -653,10 +788,14 @@ def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup
             decode_engine_num_gpu=gpus,
             prefill_engine_num_gpu=gpus,
         )
+    load = base.load
+    if name == "load" and args.planner is None:
+        load = _profiled_load_thresholds(base.load, setup)
     return dataclasses.replace(
         base,
         planner=planner,
         budget=budget,
+        load=load,
         sla=dataclasses.replace(base.sla, ttft=setup.sla.ttft_ms, itl=setup.sla.itl_ms),
         beyond=dataclasses.replace(base.beyond, startup_time=setup.shape.startup_s),
     )
@@ -673,7 +812,39 @@ def _profile(args: argparse.Namespace, base: Any, setup: cmp.Setup, say: _Say) -
     return _virtual_profile(setup, say.quiet)
 
 
+def _profiled_load_thresholds(load: Any, setup: cmp.Setup) -> Any:
+    """LOAD-v0 set up as its procedure says: the thresholds `epp profile` recommends for
+    the preset at the comparison's SLA (Dynamo's May-2025 profiler formulas,
+    `profiler.results.decode_kv_bounds` / `prefill_queue_bounds`)."""
+    _, rec = _virtual_report(setup, quiet=True)
+    return dataclasses.replace(
+        load,
+        decode_kv_scale_up_threshold=round(rec.decode_kv.upper, 2),
+        decode_kv_scale_down_threshold=round(rec.decode_kv.lower, 2),
+        prefill_queue_scale_up_threshold=round(rec.prefill_queue.upper, 2),
+        prefill_queue_scale_down_threshold=round(rec.prefill_queue.lower, 2),
+    )
+
+
+_REPORTS: dict[tuple[str, float, float, int, int], tuple[Any, Any]] = {}
+
+
 def _virtual_profile(setup: cmp.Setup, quiet: bool) -> Any:
+    return _virtual_report(setup, quiet)[0]
+
+
+def _virtual_report(setup: cmp.Setup, quiet: bool) -> tuple[Any, Any]:
+    """(profile, recommendation), measured once per preset, SLA and target lengths."""
+    key = (
+        setup.shape.sim.preset, setup.sla.ttft_ms, setup.sla.itl_ms,
+        setup.median_isl, setup.median_osl,
+    )  # fmt: skip
+    if key not in _REPORTS:
+        _REPORTS[key] = _measure_profile(setup, quiet)
+    return _REPORTS[key]
+
+
+def _measure_profile(setup: cmp.Setup, quiet: bool) -> tuple[Any, Any]:
     """`epp profile --virtual-preset PRESET` in-process: the preset's own scheduler in
     virtual time, no sockets (the profiler's sweep, the planner's interpolators). The
     sweep's target lengths are the trace's median ISL and OSL, within the model's
@@ -713,11 +884,12 @@ def _virtual_profile(setup: cmp.Setup, quiet: bool) -> Any:
             ProgressBar(enabled=not quiet),
         )
     )
-    return Profile.from_arrays(
+    profile_ = Profile.from_arrays(
         prefill_arrays(report.prefill),
         decode_arrays(report.decode, report.decode_max_kv_tokens),
         source=f"virtual:{preset}",
     )
+    return profile_, report.recommendation
 
 
 # -- output ---------------------------------------------------------------------------
@@ -731,6 +903,8 @@ def _describe(setup: cmp.Setup, preset: str, args: argparse.Namespace, say: _Say
         "stop helping, rounded up",
         "requests": "picked per request: the tightest at which static-peak keeps >= 99 % of "
         "requests within both and >= 95 % in every 5-minute window",
+        "product": "the product target: " + PRODUCT_SLA_SOURCE + " unless --ttft/--itl or "
+        "the planner file set it",
     }[setup.sla_rule]
     startup = (
         f"start-up sweep {args.sweep_startup} s"
@@ -743,7 +917,8 @@ def _describe(setup: cmp.Setup, preset: str, args: argparse.Namespace, say: _Say
     )
     say(f"SLA: {_sla_text(setup)} ({how})")
     say(
-        f"static pools: peak {setup.peak.replicas} replicas (busiest intervals), "
+        f"static pools: peak from {setup.peak.replicas} replicas (busiest intervals; then "
+        "the fewest keeping >= 99 % of requests within the SLA over the trace), "
         f"mean {setup.mean.replicas} (an interval at the mean rate, "
         f"{setup.mean.segment.arrivals} requests)"
     )
@@ -796,7 +971,7 @@ def print_comparison(results: Sequence[cmp.Result], setup: cmp.Setup) -> None:
 def _sla_text(setup: cmp.Setup) -> str:
     """The SLA as its rule states it: per request, or the p90s of an interval."""
     sla = setup.sla
-    if setup.sla_rule == "requests":
+    if setup.sla_rule in ("requests", "product"):
         return f"per request TTFT <= {sla.ttft_ms:g} ms, ITL <= {sla.itl_ms:g} ms"
     return f"p90 TTFT <= {sla.ttft_ms:g} ms, p90 ITL <= {sla.itl_ms:g} ms"
 
@@ -834,7 +1009,9 @@ def _run_doc(results: Sequence[cmp.Result], setup: cmp.Setup) -> dict[str, Any]:
         },
         "interval_s": setup.interval_s,
         "startup_s": setup.shape.startup_s,
-        "static_peak_replicas": setup.peak.replicas,
+        "static_peak_replicas": next(
+            (r.initial for r in results if r.summary.policy == "static-peak"), setup.peak.replicas
+        ),
         "static_mean_replicas": setup.mean.replicas,
         "budget_gpus": setup.budget_gpus,
     }

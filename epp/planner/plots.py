@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epp.planner.offline.compare import Result, Setup
@@ -83,7 +83,12 @@ def pareto_points(runs: Sequence[tuple[Setup, Sequence[Result]]]) -> list[Pareto
 
 
 def plot_pareto(
-    path: Path, points: Sequence[ParetoPoint], *, title: str = "", sla: Sla | None = None
+    path: Path,
+    points: Sequence[ParetoPoint],
+    *,
+    title: str = "",
+    sla: Sla | None = None,
+    sweeps: Sequence[Any] = (),
 ) -> None:
     """One point per policy and start-up delay: x = GPU-hours, y = share of requests
     meeting both SLAs. A policy keeps its colour, a start-up delay its marker (a static
@@ -113,6 +118,7 @@ def plot_pareto(
     front = sorted(q for q in xy if not any(o != q and o[0] <= q[0] and o[1] >= q[1] for o in xy))
     if len(front) > 1:
         ax.plot(*zip(*front, strict=True), color="0.6", lw=1, ls=":", zorder=0)
+    _draw_frontiers(ax, sweeps, names)
     for i, name in enumerate(names):
         ax.scatter([], [], color=f"C{i % 10}", marker="o", label=name)
     for j, startup in enumerate(startups):
@@ -136,3 +142,27 @@ def pareto_title(title: str, sla: Sla | None) -> str:
     if sla is not None:
         head += f"SLA per request TTFT <= {sla.ttft_ms:g} ms, ITL <= {sla.itl_ms:g} ms "
     return head + "(up and left is better)"
+
+
+def _draw_frontiers(ax: Any, sweeps: Sequence[Any], names: list[str]) -> None:
+    """`--sweep`: each policy's swept settings as small dots in its colour, its frontier
+    (`offline.sweep.frontier`) as a line through them, the 99 % bar dashed."""
+    from epp.planner.offline.sweep import by_policy, frontier
+
+    if not sweeps:
+        return
+    for name, pts in by_policy(sweeps).items():
+        if name not in names:
+            names.append(name)
+        colour = f"C{names.index(name) % 10}"
+        ax.scatter(
+            [p.gpu_hours for p in pts], [100 * p.sla_requests for p in pts],
+            color=colour, marker=".", s=25,
+        )  # fmt: skip
+        front = frontier(pts)
+        if len(front) > 1:
+            ax.plot(
+                [p.gpu_hours for p in front], [100 * p.sla_requests for p in front],
+                color=colour, lw=1.2,
+            )  # fmt: skip
+    ax.axhline(99.0, color="0.4", lw=0.8, ls="--")

@@ -53,10 +53,14 @@ def digest(run: Run) -> str:
 
 
 def golden_run() -> Run:
-    shape = PoolShape(presets.config_for("llama-3.1-8b-h100"), startup_s=30.0)
+    # The step-time parameters of the preset when the digest was taken, pinned so a
+    # recalibration of the preset does not move the digest.
+    sim = presets.config_for("llama-3.1-8b-h100", **PINNED_STEP)
+    shape = PoolShape(sim, startup_s=30.0)
     return replay(trace(), Steps([3, 6, 2, 5, 1, 4, 4, 2]), shape, initial=2, seed=4)
 
 
+PINNED_STEP = {"step_base_ms": 2.86, "prefill_ms_per_token": 0.045, "decode_ms_per_token": 0.045}
 GOLDEN = "84067bfdae017ca788473b3a5141bf2311398b946ac18b14c4c129915dc3949c"
 
 

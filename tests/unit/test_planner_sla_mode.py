@@ -321,28 +321,6 @@ def test_the_guard_cuts_reversals_on_a_load_flapping_across_a_boundary():
     assert reversals_of(guarded, 3) == 0 and max(guarded) == 6
 
 
-def test_the_burst_floor_holds_capacity_through_the_gaps_and_decays_without_bursts():
-    # 2400 req/min sizes 6 (above). Bursts of one minute every 5 minutes, idle between
-    # (sized 1). Window 120 s, no guard: without the floor the pool drops to 1 in every
-    # gap. Floor half-life 600 s: peak 6 decays to 6 x 2^(-120/600) = 5.22 -> 6 at the
-    # first down (2 min after), 6 x 2^(-240/600) = 4.55 -> 5 at 4 min: the next burst
-    # meets 5 replicas, not 1. After the last burst (minute 16) the floor ceil(6 x
-    # 2^(-t/600)) is 1 once t >= 600 x log2(6) = 1551 s: the pool is at 1 within 30
-    # quiet minutes (at minute 50, t = 2040 s).
-    loads = ([2400] + [0] * 4) * 4 + [0] * 30
-    off = run_script(epp(pool="aggregated", scale_down_window=120), loads, start=1)
-    on = run_script(
-        epp(pool="aggregated", scale_down_window=120, burst_floor_half_life=600), loads, start=1
-    )
-    gaps = [i for i in range(20) if loads[i] == 0 and i % 5 == 4]  # each gap's last minute
-    assert [off[i] for i in gaps] == [1, 1, 1, 1]
-    assert [on[i] for i in gaps] == [5, 5, 5, 5]
-    assert on[-1] == 1 and min(on[:20]) >= 5
-    d = epp(pool="aggregated", scale_down_window=0, burst_floor_half_life=600)
-    d.step(60, obs(60, completions=2400, osl=600, replicas=agg(1)))
-    assert "burst floor" in d.step(120, obs(120, replicas=agg(6))).reason
-
-
 def test_the_first_window_is_seeded_with_the_count_found_as_the_hpa_does():
     # A planner turned on over 5 replicas sees an idle minute (sized 1): the window
     # (180 s) holds the 5 found at the first interval's start (0 s) until t = 180,
@@ -383,27 +361,6 @@ def test_rise_headroom_is_at_most_the_forecast_again():
     d = pol.step(120, obs(120, completions=1200, osl=600, replicas=agg(1)))
     assert d.diagnostics["rise_headroom_requests"] == pytest.approx(1200.0)
     assert d.predicted.requests == pytest.approx(2400.0) and d.targets == {A: 6}
-
-
-def test_emergency_scale_up_when_the_interval_broke_the_sla():
-    # 1200 req/min sizes 3 on 3 ready replicas (no change). The interval's mean ITL (PLAIN
-    # judges the mean) was 13 ms against 10: 1.3x -> at least max(ceil(3 x 1.3) = 4, 3 + 1)
-    # = 4. At 25 ms (2.5x) the step is capped at 2x: ceil(3 x 2) = 6. TTFT 450 ms against
-    # 300 (1.5x): ceil(4.5) = 5. Off, the forecast alone: 3.
-    def step(on: bool, **seen) -> int:
-        pol = epp(pool="aggregated", emergency_scale_up=on)
-        o = obs(completions=1200, osl=600, replicas=agg(3), **seen)
-        return pol.step(60, o).targets[A]
-
-    assert (step(True, itl=13.0), step(False, itl=13.0)) == (4, 3)
-    assert step(True, itl=25.0) == 6
-    assert step(True, ttft=450.0) == 5
-    assert step(True, itl=9.0) == 3  # within the SLA: nothing
-    # 3 ready + 1 starting already hold the 4 the emergency asks for: no second step
-    pol = epp(pool="aggregated", emergency_scale_up=True)
-    seen = obs(completions=1200, osl=600, itl=13.0, replicas=agg(3, starting=1))
-    d = pol.step(60, seen)
-    assert d.targets[A] == 4 and d.diagnostics["emergency_aggregated"] == 4.0
 
 
 def test_sla_margin_sizes_against_a_share_of_the_target():
@@ -622,3 +579,27 @@ def test_request_target_below_what_no_load_allows_aims_just_under_it():
     seen = obs(completions=600, isl=16_000, osl=50, isl_samples=(1000, 16_000), replicas=agg(1))
     d = pol.step(60, seen)
     assert d.diagnostics["request_share"] < 0.99 and d.targets[A] < 50
+
+
+def _with_requests(o, ttfts, itls):
+    return dataclasses.replace(o, ttft_ms_samples=tuple(ttfts), itl_ms_by_request=tuple(itls))
+
+
+def test_a_miss_while_replicas_start_is_reported_as_start_up_bound():
+    """An interval that kept fewer than 95 % of its requests within both SLAs while
+    replicas were starting says so (reason and `startup_bound` diagnostic); the same
+    miss with nothing starting, or 96 % kept while starting, does not."""
+    policy = epp(pool="aggregated", startup_time=120)
+    # 10 requests, TTFT SLA 300 ms, ITL 10 ms: 8 within, 2 over the TTFT -> 80 %
+    base = obs(completions=10, osl=150, replicas=agg(2, starting=2))
+    missed = _with_requests(base, [100] * 8 + [900] * 2, [5.0] * 10)
+    d = policy.step(60, missed)
+    assert d.diagnostics["startup_bound"] == 1.0
+    assert "start-up-bound: 80.0% of the interval's requests" in d.reason
+    assert "2 replica(s) start (startup-time 120 s)" in d.reason
+    calm = epp(pool="aggregated", startup_time=120)
+    nothing = dataclasses.replace(missed, replicas=agg(4))
+    assert calm.step(60, nothing).diagnostics["startup_bound"] == 0.0
+    kept = epp(pool="aggregated", startup_time=120)
+    ok = _with_requests(base, [100] * 96 + [900] * 4, [5.0] * 100)
+    assert kept.step(60, ok).diagnostics["startup_bound"] == 0.0

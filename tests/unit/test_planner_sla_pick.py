@@ -104,7 +104,7 @@ def test_the_command_picks_per_request_and_static_peak_meets_it(tmp_path, capsys
     out = tmp_path / "cmp.json"
     args = ["--trace", str(trace), "--compare", "--policies", "static-peak,static-mean",
             "--preset", "tiny", "--interval", "2", "--startup-s", "1", "--quiet"]  # fmt: skip
-    assert main(["plan", "replay", *args, "--json", str(out)]) == 0
+    assert main(["plan", "replay", *args, "--sla-rule", "requests", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["sla"]["rule"] == "requests"
     peak = next(p for p in doc["policies"] if p["name"] == "static-peak")
@@ -115,3 +115,42 @@ def test_the_command_picks_per_request_and_static_peak_meets_it(tmp_path, capsys
     assert main(["plan", "replay", *args, "--sla-rule", "intervals", "--json", str(old)]) == 0
     assert json.loads(old.read_text())["sla"]["rule"] == "intervals"
     assert "p90 TTFT <=" in capsys.readouterr().out
+
+
+def test_the_default_sla_is_the_product_target_and_static_peak_the_fewest_meeting_it(
+    tmp_path, capsys
+):
+    """Without --ttft/--itl the comparison judges on Dynamo's planner defaults (500 ms,
+    50 ms per request); --ttft overrides one; static-peak is the fewest replicas keeping
+    99 % of the trace's requests within the SLA (one fewer keeps less)."""
+    trace = tiny_trace(tmp_path, n=400)
+    args = ["--trace", str(trace), "--compare", "--policies", "static-peak",
+            "--preset", "tiny", "--interval", "2", "--startup-s", "1", "--quiet"]  # fmt: skip
+    out = tmp_path / "p.json"
+    assert main(["plan", "replay", *args, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sla"]["rule"] == "product"
+    assert (doc["sla"]["ttft_ms"], doc["sla"]["itl_ms"]) == (500.0, 50.0)
+    assert "per request TTFT <= 500 ms, ITL <= 50 ms" in capsys.readouterr().out
+    tight = tmp_path / "t.json"
+    dense = ["--rate-scale", "8", "--ttft", "40", "--json", str(tight)]
+    assert main(["plan", "replay", *args, *dense]) == 0
+    doc = json.loads(tight.read_text())
+    assert (doc["sla"]["ttft_ms"], doc["sla"]["itl_ms"]) == (40.0, 50.0)
+    peak = next(p for p in doc["policies"] if p["name"] == "static-peak")
+    assert peak["sla_requests"] >= 0.99
+    n = doc["static_peak_replicas"]
+    assert n == peak["initial_replicas"] and n > 1
+    from epp.planner.offline import compare as cmp
+    from epp.planner.offline.outcome import Sla
+    from epp.planner.offline.pool import PoolShape
+    from epp.planner.offline.static import StaticPolicy
+    from epp.planner.offline.tracegen import scale_rate
+    from epp.planner.tracefile import load_trace
+    from epp.sim import presets
+
+    arrivals = scale_rate(load_trace(str(trace)), 8, seed=0)
+    shape = PoolShape(presets.config_for("tiny"), startup_s=1.0)
+    setup = cmp.prepare(arrivals, shape, 2.0, Sla(40.0, 50.0))
+    res = cmp.run_policy(arrivals, StaticPolicy("static-peak", n - 1, 2.0), setup, n - 1)
+    assert res.summary.sla_requests < 0.99

@@ -208,13 +208,6 @@ class BeyondParams:
         "change of direction within 600 s, inclusive, as a reversal, so at 600 no scale-up "
         "is reversed by a scale-down); 0: the window alone",
     )
-    burst_floor_half_life: float = param(
-        0.0,
-        min=0.0,
-        doc="seconds: a role scales down no lower than its recent peak target decayed by half "
-        "every this many seconds (a burst-aware floor: capacity held through the gap between "
-        "bursts shorter than a start-up); 0: off",
-    )
     rise_headroom: float = param(
         0.5,
         min=0.0,
@@ -224,12 +217,6 @@ class BeyondParams:
         "positive) x the forecast horizon in intervals (start-up plus one decision), at most "
         "the forecast again; 0: off. 0.5 from an ablation on the tuning traces (Azure, "
         "Mooncake)",
-    )
-    emergency_scale_up: bool = param(
-        False,
-        doc="when the interval just closed broke the SLA statistic (p90 TTFT or ITL over the "
-        "SLA), size at least ceil(ready x min(2, observed/SLA)) and one more than it has ready "
-        "(starting replicas count), whatever the forecast says (Knative/AIBrix KPA's panic mode)",
     )
     sla_margin: float = param(
         1.0,

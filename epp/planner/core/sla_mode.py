@@ -78,24 +78,14 @@ Per interval:
    than the guard has passed since the role last sized at its current count or above
    (`outcome.reversals` counts a change within 600 s, inclusive; a 600 s window lets
    the down through at exactly 600 s). At 600 no scale-up is ever reversed by a
-   scale-down. **Burst-aware floor** (`burst-floor-half-life`): a scale-down stops at the
-   recent peak target decayed by half every half-life (`p <- max(n, p x 2^(-dt/h))`,
-   the floor ceil(p)): bursts shorter than a start-up cannot be met by scaling up when
-   they show (the replica arrives after the burst), only by capacity held through the
-   gap; the decay lets a pool whose bursts stop come down. Both only limit scale-downs.
-10. **Meeting rises** (each off by default unless the ablation in
-   an ablation recorded in docs/BENCHMARKS.md@a73a134 chose it). A reactive forecast sees
+   scale-down. It only limits scale-downs.
+10. **Meeting rises** (each off by default unless an ablation chose it). A reactive forecast sees
    a rise one interval late and a new replica serves a start-up after that:
    - `rise-headroom` h: the forecast count plus h x the last interval's rise (when
      positive) x the horizon in intervals, the load the rise reaches by the time a
      replica asked for now is serving (a linear trend over the lead time, Holt's
      forecast with the trend taken from the last two intervals), at most the forecast
      again (a burst from silence is all rise: AIBrix APA's 2x cap on one step);
-   - `emergency-scale-up`: when the interval just closed broke the SLA statistic, at
-     least ceil(ready x min(2, observed/SLA)) and one more than it has ready (starting
-     replicas count towards it), whatever the forecast says: Knative's KPA panic mode
-     (AIBrix: a 60 s panic window, threshold 2.0; reference autoscalers.md §1), with the
-     AIBrix APA's 2x cap on one step's growth;
    - `sla-margin` m: size against m x the TTFT and ITL targets. An interval whose p90
      sits exactly at the SLA lets a tenth of its requests miss, and the judge counts
      >= 99 % of requests: the margin is where the planner buys that.
@@ -129,7 +119,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from epp.planner.core import agg_itl
 from epp.planner.core.agg_ttft import AggregatedTtft, aggregated_ttft
-from epp.planner.core.attainment import AttainmentControl
+from epp.planner.core.attainment import AttainmentControl, Tally
 from epp.planner.core.config import PlannerConfig
 from epp.planner.core.mode import Proposal, current
 from epp.planner.core.perf import Profile
@@ -144,6 +134,7 @@ QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 MAX_SEARCH = 1000  # replicas past the stability floor an aggregated search may try
 MIN_DECODE_SHARE = 0.1  # prefill interference: decode keeps at least this share of a step
 MIN_INTERFERENCE_SAMPLES = 20  # completions an interval needs to teach the ITL factor then
+STARTUP_BOUND_SHARE = 0.95  # an interval below this while replicas start is start-up-bound
 OSL_SAMPLES = 512  # answer lengths kept for the request-level sizing (a bounded stride)
 
 
@@ -177,7 +168,6 @@ class SlaMode:
         self._since_up = 1_000_000
         self._sized: dict[Role, deque[tuple[float, int]]] = {r: deque() for r in self._roles}
         self._seeded = False
-        self._peak: dict[Role, tuple[float, float]] = {r: (-math.inf, 0.0) for r in self._roles}
         self._prev_arrivals: float | None = None
         self._rise = 0.0  # the last interval's rise in requests (0 when it fell)
         x = self._x
@@ -218,10 +208,12 @@ class SlaMode:
             self._correct(obs, diag)
         pred = self._forecast(diag)
         sized, demand, notes = self._size(pred, diag)
-        if self._x.emergency_scale_up:
-            sized = self._emergency(obs, sized, notes, diag)
         targets, why = self._hysteresis(now, sized, have, obs.start)
+        bound = self._startup_bound(obs)
+        if bound:
+            why.append(bound)
         diag |= {
+            "startup_bound": 1.0 if bound else 0.0,
             "p_correction": self.p_correction,
             "d_correction": self.d_correction,
             "horizon_intervals": float(self.horizon),
@@ -233,6 +225,24 @@ class SlaMode:
             + "; ".join(notes + why)
         )
         return Proposal(targets, reason, predicted=pred, demand=demand, diagnostics=diag)
+
+    def _startup_bound(self, obs: Observation) -> str:
+        """Non-empty when the interval just closed kept fewer than `STARTUP_BOUND_SHARE`
+        of its completed requests within both SLAs while replicas this planner asked
+        for were still starting: capacity was decided and is on its way, and no sizing
+        can keep the promise until it serves. The planner says so (the decision's
+        reason, the `startup_bound` diagnostic) instead of missing silently."""
+        starting = sum(obs.replicas_of(r).starting for r in self._roles)
+        if not starting:
+            return ""
+        tally = Tally.of(obs, self._cfg.sla.ttft, self._cfg.sla.itl)
+        if not tally.requests or tally.share >= STARTUP_BOUND_SHARE:
+            return ""
+        return (
+            f"start-up-bound: {tally.share:.1%} of the interval's requests within the SLA "
+            f"while {starting} replica(s) start (startup-time {self._x.startup_time:g} s): "
+            "the capacity is decided, the SLA cannot be kept until it serves"
+        )
 
     def committed(self, targets: Mapping[Role, int], obs: Observation) -> None:
         if any(targets.get(r, 0) > obs.replicas_of(r).active for r in self._roles):
@@ -650,44 +660,12 @@ class SlaMode:
             return self._aggregated(lam, samples, a, d_need, pred=pred)
         return n, d_need
 
-    # -- 10. emergency scale-up ----------------------------------------------------------
-    def _emergency(
-        self,
-        obs: Observation,
-        sized: Mapping[Role, int],
-        notes: list[str],
-        diag: dict[str, float],
-    ) -> dict[Role, int]:
-        """At least ceil(ready x min(2, observed/SLA)) and ready + 1 for a role whose
-        interval broke the SLA statistic (TTFT drives prefill, ITL decode; an aggregated
-        role takes the worse of the two it measured). Starting replicas count towards it:
-        the hysteresis compares the target with ready + starting, so no second emergency
-        comes while the first one starts. The SLA itself, not the margin, is the trigger."""
-        sla = self._cfg.sla
-        ttft = self._stat(obs.ttft_ms) / sla.ttft
-        itl = self._stat(obs.itl_ms) / sla.itl  # NaN: no request had two output tokens
-        both = [x for x in (ttft, itl) if not math.isnan(x)]
-        worse = max(both) if both else math.nan
-        by_role = {Role.PREFILL: ttft, Role.DECODE: itl, Role.AGGREGATED: worse}
-        out = dict(sized)
-        for r in self._roles:
-            ratio = by_role[r]
-            if obs.completions == 0 or math.isnan(ratio) or ratio <= 1.0:
-                continue
-            ready = obs.replicas_of(r).ready
-            need = max(math.ceil(ready * min(2.0, ratio) - 1e-9), ready + 1)
-            diag[f"emergency_{r.value}"] = float(need)
-            if need > out.get(r, 0):
-                notes.append(f"{r.value}: SLA broken ({ratio:.2f}x): at least {need}")
-                out[r] = need
-        return out
-
     # -- 8. hysteresis -------------------------------------------------------------------
     def _hysteresis(
         self, now: float, sized: Mapping[Role, int], have: Mapping[Role, int], start: float
     ) -> tuple[dict[Role, int], list[str]]:
         """Up at once; down only to the largest target sized within the window, not
-        within the reversal guard of a scale-up, and not below the burst floor. The
+        within the reversal guard of a scale-up. The
         first interval seeds the window with the count the planner found (at the
         interval's start), as the HPA does (`maybeInitScaleDownStabilizationWindow`,
         laws/hpa.py): a planner turned on does not scale down before it has a
@@ -703,7 +681,6 @@ class SlaMode:
             while recent and recent[0][0] <= now - window and recent[0][0] < now - guard:
                 recent.popleft()
             recent.append((now, want))
-            floor = self._burst_floor(r, now, want)
             if want >= now_n:
                 out[r] = want
                 if want > now_n:
@@ -711,34 +688,20 @@ class SlaMode:
                 continue
             held = max((n for t, n in recent if t > now - window), default=0)
             guarded = max(n for t, n in recent if t >= now - guard)
-            out[r] = min(now_n, max(held, guarded, floor))
+            out[r] = min(now_n, max(held, guarded))
             if out[r] < now_n:
-                why = f"largest target in {window:g} s" if held >= floor else "burst floor"
-                notes.append(f"{r.value} {now_n}->{out[r]} ({why})")
+                notes.append(f"{r.value} {now_n}->{out[r]} (largest target in {window:g} s)")
             elif held >= now_n:
                 notes.append(f"{r.value} wants {want}: held at {now_n} by the last {window:g} s")
-            elif guarded >= now_n:
+            else:
                 notes.append(
                     f"{r.value} wants {want}: held at {now_n}, sized so within {guard:g} s "
                     "(reversal guard)"
                 )
-            else:
-                notes.append(f"{r.value} wants {want}: held at {now_n} by the burst floor")
         self._seeded = True
         if not notes:
             notes.append("no change")
         return out, notes
-
-    def _burst_floor(self, r: Role, now: float, want: int) -> int:
-        """The recent peak target, decayed by half every `burst-floor-half-life`
-        seconds, rounded up (0 when off)."""
-        half = self._x.burst_floor_half_life
-        if half <= 0:
-            return 0
-        at, peak = self._peak[r]
-        decayed = peak * 2.0 ** (-(now - at) / half) if peak > 0 else 0.0
-        self._peak[r] = (now, max(float(want), decayed))
-        return math.ceil(self._peak[r][1] - 1e-9)
 
 
 def _smooth(old: float, measured: float) -> float:

@@ -287,6 +287,11 @@ class PlannerThread:
         self.decisions.append(decision)
         self.recorder.record(decision, obs)
         log.info("planner decision: %s", decision.reason)
+        if decision.diagnostics.get("startup_bound"):
+            log.warning(
+                "planner: the SLA is missed while replicas start (start-up bound): %s",
+                decision.reason,
+            )
         if not self.no_operation:
             self.last_apply = asyncio.run_coroutine_threadsafe(
                 apply(self.connector, decision), self.loop

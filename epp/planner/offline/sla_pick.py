@@ -1,4 +1,8 @@
-"""The per-request SLA pick.
+"""The SLA a comparison judges on: a product target by default, or picked from the trace.
+
+By default a comparison is judged on a product target (`product_sla`): the SLA an
+operator would set, not one derived from the trace. `request_sla` below is the
+alternative (`--sla-rule requests`): the tightest SLA the static-peak pool meets.
 
 The judge (epp/planner/offline/outcome.py) rates a policy on the share of *requests*
 within both SLAs (>= 99 %) and on
@@ -97,3 +101,21 @@ def round_up(x: float) -> float:
     if v < x:  # x / step rounded down across a step boundary
         v = round(v + step, digits)
     return v
+
+
+# The product target a comparison is judged on by default: what an operator would write
+# in the planner file. Dynamo's SLA planner defaults (`SLAPlannerDefaults` in
+# ai-dynamo/dynamo components/src/dynamo/planner/defaults.py: ttft 500 ms, itl 50 ms)
+# are what an operator of Dynamo's planner gets without setting them; no preset here has
+# a published product target of its own, so every preset gets these.
+PRODUCT_SLA_SOURCE = "Dynamo's SLA planner defaults (SLAPlannerDefaults: TTFT 500 ms, ITL 50 ms)"
+PRODUCT_SLA = Sla(500.0, 50.0)
+
+
+def product_sla(ttft_ms: float | None = None, itl_ms: float | None = None) -> Sla:
+    """The product target, either threshold overridden (`--ttft` / `--itl`, or the
+    planner file's `ttft` / `itl`)."""
+    return Sla(
+        PRODUCT_SLA.ttft_ms if ttft_ms is None else ttft_ms,
+        PRODUCT_SLA.itl_ms if itl_ms is None else itl_ms,
+    )
