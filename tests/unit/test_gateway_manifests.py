@@ -290,7 +290,6 @@ def response_path_problem(docs: tuple[dict, ...]) -> str | None:
     return None
 
 
-@needs_kubectl
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_response_path_fits_the_gateway_and_the_replicas(variant: str) -> None:
     docs = render(variant)
@@ -299,7 +298,6 @@ def test_the_response_path_fits_the_gateway_and_the_replicas(variant: str) -> No
     assert mode == ("log" if envoy_bootstrap(docs) is not None else "on")
 
 
-@needs_kubectl
 def test_the_response_path_check_refuses_what_would_leak() -> None:
     """Not vacuous: two replicas on `log`, and `log` behind Envoy Gateway, are refused."""
     docs = render("envoy")
