@@ -10,6 +10,12 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry/proto/ (Envoy's protos import it) over
+	# the same files as opentelemetry-proto; whichever pip unpacks last wins. The OTLP
+	# exporter (--tracing) needs opentelemetry-proto's own (InstrumentationScope), which
+	# Envoy's generated modules also load, so it is put back last.
+	$(BIN)/pip install --quiet --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 # Debian's prometheus and chromium, which tests run for real (installed when missing).

@@ -40,8 +40,13 @@ async def test_spans_reach_an_otlp_receiver_and_the_server_continues_the_trace(m
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "1.0")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     try:
+        # The in-path response mode: the response passes the EPP, so its span is there too
+        # (with the access-log path the EPP's trace ends at routing: docs/observability.md).
         with LocalStack(
-            n_sims=2, sim_args=["--decode-ms-per-token", "1"], epp_args=["--tracing"]
+            n_sims=2,
+            sim_args=["--decode-ms-per-token", "1"],
+            epp_args=["--tracing"],
+            response_path=True,
         ) as st:
             body = b'{"model": "tiny", "prompt": "trace me", "max_tokens": 3}'
             headers = {"content-type": "application/json", "traceparent": CLIENT_PARENT}

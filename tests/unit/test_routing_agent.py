@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from pathlib import Path
 
 from tests.unit.test_routing_virtual import rv, scenario  # noqa: F401  (fixture)
 
@@ -46,9 +45,7 @@ def test_the_agent_config_keeps_sessions_where_their_context_is(rv, tmp_path):  
 
 
 def test_ideal_hit_rate_counts_whole_blocks_of_the_previous_context():
-    from epp.harness.bench_cli import load_path
-
-    agent = load_path(Path(__file__).resolve().parents[2] / "bench" / "routing_agent.py", "ra")
+    from bench import routing_agent as agent
 
     class R:
         def __init__(self, words: int, previous: int) -> None:
