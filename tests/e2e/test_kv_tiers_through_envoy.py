@@ -23,9 +23,9 @@ from tests.e2e.test_prefix_routing import (
     post_ok,
     question,
     system_prompt,
-    wait_for,
     wait_pool_ready,
 )
+from tests.eventually import eventually
 
 BLOCK = 16
 GPU_BLOCKS = 64  # small, so a few other prompts push a prefix off the GPU
@@ -78,7 +78,7 @@ async def test_a_gpu_hit_beats_a_cpu_tier_hit_which_beats_none(tmp_path):
                 async def more() -> bool:
                     return await count(kind) > before
 
-                await wait_for(more, 15, f"{kind} events to reach the EPP")
+                await eventually(more, f"{kind} events to reach the EPP", 15)
 
             # every simulator's event link live first (ZMQ's slow joiner drops early events)
             for sim in st.sims:
