@@ -2,7 +2,7 @@
 the request-level sizing (`request-target`) reads the share of
 requests within the ITL SLA from.
 
-The prefill-interference model (`sla_mode.py` item 7) gives the *mean* step: the
+The prefill-interference model (`sla_sizing.py` item 7) gives the *mean* step: the
 decode step `itl` stretched by 1/(1 - rho). A request's ITL is the mean gap between its
 own output tokens, over its g = osl - 1 steps: `itl + S/g`, S the prompt work batched
 into those steps, i.e. the work of the prompts that reached its replica while it was
