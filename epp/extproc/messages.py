@@ -24,13 +24,14 @@ from epp.errors import EppError
 from epp.headers import (
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
+    ENCODER_HOSTS_PORTS,
     LB_METADATA_NAMESPACE,
     PREFILLER_HOST_PORT,
     SUBSET_HINT_NAMESPACE,
 )
 
 # Routing headers a client must never choose: removed from every request.
-CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
+CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, ENCODER_HOSTS_PORTS)
 # Envoy rejects larger streamed body mutations; upstream chunks at this size.
 MAX_STREAMED_CHUNK = 62_000
 

@@ -103,7 +103,8 @@ def load_tokenizer_param(spec: str | None) -> Tokenizer | None:
 
 
 def first_targets(result: SchedulingResult) -> list[EndpointSnapshot]:
-    """The first target of the primary profile, then of every other profile that ran."""
+    """The first target of the primary profile, then of every other profile that ran,
+    except an encode-only server's (it encodes the media and holds no prompt KV)."""
     out: list[EndpointSnapshot] = []
     seen: set[str] = set()
     primary = result.profile_results.get(result.primary_profile)
@@ -114,7 +115,7 @@ def first_targets(result: SchedulingResult) -> list[EndpointSnapshot]:
     for r in ordered:
         if r is not None and r.targets:
             first = r.targets[0]
-            if (name := first.endpoint.name) not in seen:
+            if (name := first.endpoint.name) not in seen and first.endpoint.role != "encode":
                 seen.add(name)
                 out.append(first)
     return out
