@@ -26,8 +26,8 @@ from epp.headers import SIM_SERVER
 from epp.sim.admin_routes import AdminRoutes
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
-from epp.sim.encode import Encoder
 from epp.sim.config import Faults, SimConfig
+from epp.sim.encode import Encoder
 from epp.sim.engine import Engine, EngineSnapshot
 from epp.sim.kv_events import KVEventPublisher, format_topic, replica_endpoint
 from epp.sim.kvcache import KVEvent

@@ -109,9 +109,7 @@ class DisaggParams:
     prefill_profile: str | None = param(None, doc="legacy flat form of profiles.prefill")
     decider_plugin_name: str | None = param(None, doc="legacy flat form of deciders.prefill")
     encode_profile: str | None = param(None, doc="legacy flat form of profiles.encode")
-    encode_decider_plugin_name: str | None = param(
-        None, doc="legacy flat form of deciders.encode"
-    )
+    encode_decider_plugin_name: str | None = param(None, doc="legacy flat form of deciders.encode")
 
     def validate(self) -> None:
         nested = [
@@ -210,8 +208,8 @@ class DisaggProfileHandler(Plugin):
                 f"{self!r}: decode profile {self.decode!r} is not defined. Defined profiles: "
                 f"{', '.join(sorted(profiles)) or 'none'}"
             )
-        decider = self._resolve_decider(self.params.decider_name)
-        encoder = self._resolve_decider(self.params.encode_decider_name)
+        decider = self._resolve_decider(self.params.decider_name, "a P/D decider")
+        encoder = self._resolve_decider(self.params.encode_decider_name, "an encode decider")
         for stage, d, profile in (
             ("prefill", decider, self.prefill),
             ("encode", encoder, self.encode),
@@ -228,7 +226,7 @@ class DisaggProfileHandler(Plugin):
         self._encode_decider = encoder
         self._checked = True
 
-    def _resolve_decider(self, name: str | None) -> PrefillDecider | None:
+    def _resolve_decider(self, name: str | None, what: str) -> PrefillDecider | None:
         if name is None:
             return None
         plugins = self._handle.plugins
@@ -242,7 +240,7 @@ class DisaggProfileHandler(Plugin):
             )
         if not isinstance(plugin, PrefillDecider):
             raise ValueError(
-                f"{self!r}: plugin {plugin!r} is not a decider. Defined deciders: "
+                f"{self!r}: plugin {plugin!r} is not {what}. Defined deciders: "
                 f"{', '.join(deciders) or 'none'}"
             )
         return plugin
@@ -306,7 +304,9 @@ class DisaggProfileHandler(Plugin):
         if encode is not None and encode.targets:
             out[self.encode] = encode
             headers[ENCODER_HOSTS_PORTS] = ",".join(t.hostport for t in encode.targets)
-        DISAGG_DECISIONS.labels(_decision(ENCODER_HOSTS_PORTS in headers, PREFILLER_HOST_PORT in headers)).inc()
+        DISAGG_DECISIONS.labels(
+            _decision(ENCODER_HOSTS_PORTS in headers, PREFILLER_HOST_PORT in headers)
+        ).inc()
         return SchedulingResult(out, primary_profile=self.decode, headers=headers)
 
 

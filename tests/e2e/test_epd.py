@@ -23,7 +23,11 @@ SIM_ARGS = ["--max-num-seqs", "4", "--decode-ms-per-token", "2"]
 @pytest.fixture(scope="module")
 def epd_stack():
     layout = PDLayout(
-        n_prefill=0, n_decode=1, n_encode=2, encode_args=["--encode-ms-per-item", "5"], config=EPD_CONFIG
+        n_prefill=0,
+        n_decode=1,
+        n_encode=2,
+        encode_args=["--encode-ms-per-item", "5"],
+        config=EPD_CONFIG,
     )
     with LocalStack(sim_args=SIM_ARGS, pd=layout) as st:
         yield st
@@ -79,7 +83,10 @@ async def test_media_is_encoded_on_an_encode_server_and_comes_back_to_it(epd_sta
             {
                 "role": "user",
                 "content": [
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": data},
+                    },
                     {"type": "text", "text": "And now?"},
                 ],
             }
@@ -98,7 +105,9 @@ async def test_media_is_encoded_on_an_encode_server_and_comes_back_to_it(epd_sta
 async def test_a_text_request_never_reaches_an_encoder_even_naming_one(epd_stack):
     encoder = next(s for s in epd_stack.sims if s.name == "encode-0")
     before = stats(epd_stack)
-    r = await post(epd_stack, chat(None), "/v1/chat/completions", {ENCODER_HOSTS_PORTS: encoder.hostport})
+    r = await post(
+        epd_stack, chat(None), "/v1/chat/completions", {ENCODER_HOSTS_PORTS: encoder.hostport}
+    )
     assert r.status == 200, r.body
     assert changed(before, stats(epd_stack), "requests_received") == {"decode-0": 1}
 

@@ -41,7 +41,11 @@ def messages(*images: str) -> InferenceRequest:
 
 def pool(encode: int = 2, decode: int = 2, prefill: int = 0, **queues: int):
     out = []
-    for prefix, role, n in (("e", "encode", encode), ("p", "prefill", prefill), ("d", "decode", decode)):
+    for prefix, role, n in (
+        ("e", "encode", encode),
+        ("p", "prefill", prefill),
+        ("d", "decode", decode),
+    ):
         for i in range(n):
             name = f"{prefix}{i}"
             out.append(snap(name, labels={ROLE: role}, queue=queues.get(name, 0)))
@@ -51,7 +55,10 @@ def pool(encode: int = 2, decode: int = 2, prefill: int = 0, **queues: int):
 def decisions() -> dict[str, float]:
     kinds = ("decode-only", "prefill-decode", "encode-decode", "encode-prefill-decode")
     get = REGISTRY.get_sample_value
-    return {k: get("inference_extension_disagg_decisions_total", {"decision_type": k}) or 0.0 for k in kinds}
+    return {
+        k: get("inference_extension_disagg_decisions_total", {"decision_type": k}) or 0.0
+        for k in kinds
+    }
 
 
 def delta(before: dict[str, float]) -> dict[str, float]:
@@ -148,7 +155,9 @@ EPD = HEAD + textwrap.dedent(
 
 
 def load(handler: str):
-    cfg = load_config_text(EPD.replace("HANDLER", handler), "epd.yaml", Handle(rng=random.Random(0)))
+    cfg = load_config_text(
+        EPD.replace("HANDLER", handler), "epd.yaml", Handle(rng=random.Random(0))
+    )
     cfg.scheduler.handler.validate_profiles(cfg.scheduler.profiles)
     return cfg
 
@@ -214,7 +223,10 @@ def test_the_encoder_holds_no_prefix_blocks():
     ("handler", "needle"),
     [
         ("{deciders: {encode: nope}}", "decider 'nope' is not defined"),
-        ("{deciders: {encode: mm}, profiles: {encode: enc}}", "encode profile 'enc' is not defined"),
+        (
+            "{deciders: {encode: mm}, profiles: {encode: enc}}",
+            "encode profile 'enc' is not defined",
+        ),
         ("{profiles: {encode: decode}}", "the decode and encode profiles must differ"),
         ("{deciders: {encode: mm}, encodeProfile: encode}", "mixes the nested form"),
     ],
