@@ -31,7 +31,10 @@ from epp.headers import (
 )
 
 # Routing headers a client must never choose: removed from every request.
-CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, ENCODER_HOSTS_PORTS)
+CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
+# Removed too, but only from a request that carries it (the common case, a text request
+# without it, then builds no longer a mutation than before encode disaggregation).
+CLIENT_FORBIDDEN_IF_SENT = ENCODER_HOSTS_PORTS
 # Envoy rejects larger streamed body mutations; upstream chunks at this size.
 MAX_STREAMED_CHUNK = 62_000
 
