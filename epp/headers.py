@@ -25,6 +25,9 @@ INFERENCE_TTL = "x-llm-d-inference-ttl"
 # Headers (and dynamic-metadata keys) the EPP sets for Envoy and the model servers.
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
 PREFILLER_HOST_PORT = "x-prefiller-host-port"  # read by the decode-side sidecar
+# The encode endpoints (comma-separated ip:port) the decode-side sidecar sends a
+# multimodal request's media to first: llm-d-router `pkg/common/routing/common.go`.
+ENCODER_HOSTS_PORTS = "x-encoder-hosts-ports"
 # Set on the upstream request in `--response-path observer` mode: the observer ext_proc
 # stream reads it to join the request's in-flight record (epp/extproc/handoff.py).
 ROUTE_ID = "x-epp-route-id"

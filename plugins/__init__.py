@@ -15,6 +15,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.admission.detectors",
     "plugins.datalayer.sources",
     "plugins.deciders.always",
+    "plugins.deciders.multimodal",
     "plugins.deciders.prefix_based",
     "plugins.filters.label_selector",
     "plugins.flowcontrol.policies",
@@ -40,6 +41,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.scorers.no_hit_lru",
     "plugins.scorers.queue_depth",
     "plugins.scorers.running_requests",
+    "plugins.scorers.encoder_cache",
     "plugins.scorers.session_affinity",
     "plugins.scorers.token_load",
 )

@@ -25,6 +25,7 @@ from epp.headers import (
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
     DROPPED_REASON,
+    ENCODER_HOSTS_PORTS,
     LB_METADATA_NAMESPACE,
     PREFILLER_HOST_PORT,
     SUBSET_HINT_NAMESPACE,
@@ -32,6 +33,9 @@ from epp.headers import (
 
 # Routing headers a client must never choose: removed from every request.
 CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
+# Removed too, but only from a request that carries it (the common case, a text request
+# without it, then builds no longer a mutation than before encode disaggregation).
+CLIENT_FORBIDDEN_IF_SENT = ENCODER_HOSTS_PORTS
 # Envoy rejects larger streamed body mutations; upstream chunks at this size.
 MAX_STREAMED_CHUNK = 62_000
 

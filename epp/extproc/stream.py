@@ -523,7 +523,10 @@ class RequestStream:
         if self.request_body_mode == FULL_DUPLEX:
             return []
         # Envoy waits for this answer before it sends the body.
-        return [m.headers_response(set_headers={}, remove=m.CLIENT_FORBIDDEN_HEADERS)]
+        remove = m.CLIENT_FORBIDDEN_HEADERS
+        if m.CLIENT_FORBIDDEN_IF_SENT in headers:
+            remove = (*remove, m.CLIENT_FORBIDDEN_IF_SENT)
+        return [m.headers_response(set_headers={}, remove=remove)]
 
     def _check_header_limits(
         self, raw: pb.HttpHeaders, headers: dict[str, str], regular: int, size: int
@@ -640,11 +643,15 @@ class RequestStream:
     def _removals(self) -> list[str]:
         assert self.decision is not None
         # The destination header is overwritten by the set, so only the others go.
-        return [
+        out = [
             h
             for h in m.CLIENT_FORBIDDEN_HEADERS
             if h != DESTINATION_ENDPOINT and h not in self.decision.headers
         ]
+        sent = m.CLIENT_FORBIDDEN_IF_SENT
+        if sent in self.request.headers and sent not in self.decision.headers:  # type: ignore[union-attr]
+            out.append(sent)
+        return out
 
     def _reject(self, error: EppError) -> list[pb.ProcessingResponse]:
         if self.request is not None and is_anthropic_path(self.request.path):

@@ -147,12 +147,15 @@ class SimProcess:
 class PDLayout:
     """P/D mode of a LocalStack: `prefill-i` simulators (role prefill, listed directly) and
     `decode-i` simulators (role decode), each behind an `epp sidecar` that the pool lists
-    and that may name only this stack's prefill simulators."""
+    and that may name only this stack's prefill and encode simulators. `encode-i`
+    simulators (`--ec-role encode`, role encode) make it an encode/prefill/decode pool."""
 
     n_prefill: int = 2
     n_decode: int = 2
     prefill_args: Sequence[str] = ()
     decode_args: Sequence[str] = ()
+    n_encode: int = 0
+    encode_args: Sequence[str] = ()
     sidecar_args: Sequence[str] = ()
     config: Path | None = PD_CONFIG
 
@@ -233,18 +236,21 @@ class LocalStack:
         assert self.pg is not None
         endpoints = []
         for role, n, extra in (
-            ("prefill", pd.n_prefill, pd.prefill_args),
-            ("decode", pd.n_decode, pd.decode_args),
+            ("encode", pd.n_encode, ["--ec-role", "encode", *pd.encode_args]),
+            ("prefill", pd.n_prefill, ["--kv-role", "prefill", *pd.prefill_args]),
+            ("decode", pd.n_decode, ["--kv-role", "decode", *pd.decode_args]),
         ):
             for i in range(n):
-                args = [*self.sim_args, "--kv-role", role, *extra]
+                args = [*self.sim_args, *extra]
                 sim = SimProcess(f"{role}-{i}", free_port(), args)
                 self._start_sim(sim)
                 self.sims.append(sim)
-        allow = [f"--allow={s.hostport}" for s in self.sims if s.name.startswith("prefill-")]
+        remote = ("prefill-", "encode-")
+        allow = [f"--allow={s.hostport}" for s in self.sims if s.name.startswith(remote)]
         for sim in self.sims:
-            if sim.name.startswith("prefill-"):
-                endpoints.append(f"--endpoint={sim.name}={sim.hostport};{ROLE_LABEL}=prefill")
+            if sim.name.startswith(remote):
+                role = sim.name.split("-", 1)[0]
+                endpoints.append(f"--endpoint={sim.name}={sim.hostport};{ROLE_LABEL}={role}")
                 continue
             sidecar = SimProcess(f"sidecar-{sim.name}", free_port(), [])
             argv = [*EPP_CMD, "sidecar", "--host", "127.0.0.1", "--port", str(sidecar.port)]

@@ -66,7 +66,6 @@ class PluginSpec:
 NOT_YET_IMPLEMENTED: dict[str, str] = {
     "pd-profile-handler": "its successor disagg-profile-handler: use that with "
     "prefix-based-pd-decider",
-    "encode-filter": "encode/prefill/decode disaggregation",
     "load-aware-scorer": "llm-d load-aware scoring",
     "active-request-scorer": "llm-d active-request scoring",
     "context-length-aware": "context-length-aware routing",

@@ -17,6 +17,10 @@ prefill server answered 4xx: relayed to the client), `forbidden` (the header nam
 server outside the allowlist: 403), `decode_error` (the local decode server could not be
 reached, or its stream broke: 502 or a cut connection), `client_gone` (the client left
 mid-answer). `mode` is `pd` (after a remote prefill) or `local` (everything else).
+
+- `epp_sidecar_encodes_total{outcome}` (counter): encode legs (`x-encoder-hosts-ports`):
+  `encoded`, `failed` (refused, timed out, or an error answer) or `forbidden` (not in
+  the allowlist); after any of them the request goes on.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ class SidecarMetrics:
             "epp_sidecar_requests",
             "Requests through the P/D sidecar by API path and outcome.",
             ["path", "outcome"],
+            registry=self.registry,
+        )
+        self.encodes = Counter(
+            "epp_sidecar_encodes",
+            "Encode legs (media sent to an encode server first) by outcome.",
+            ["outcome"],
             registry=self.registry,
         )
         self.prefill_seconds = Histogram(

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from epp.headers import PREFILLER_HOST_PORT
+from epp.headers import ENCODER_HOSTS_PORTS, PREFILLER_HOST_PORT
 
 # Paths on which a remote prefill is run (llm-d: chat, completions, responses).
 PD_APIS = {
@@ -43,7 +43,21 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", PREFILLER_HOST_PORT}
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", PREFILLER_HOST_PORT, ENCODER_HOSTS_PORTS}
+
+# Paths whose media an encode server may encode first (the APIs that carry media parts).
+ENCODE_APIS = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+
+
+def encode_api(method: str, path: str) -> str | None:
+    """The API of a request whose media may go to an encode server first, else None."""
+    if method != "POST":
+        return None
+    return ENCODE_APIS.get(path.rstrip("/") or "/")
 
 
 def pd_api(method: str, path: str) -> str | None:
@@ -89,10 +103,22 @@ def prefill_body(body: Mapping[str, Any], api: str) -> dict[str, Any]:
         "remote_host": None,
         "remote_port": None,
     }
+    return one_token(out, api)
+
+
+def encode_body(body: Mapping[str, Any], api: str) -> dict[str, Any]:
+    """The encode leg: the client's body asking for one token, not streamed (vLLM's
+    disaggregated-encoder proxy sends the encoder the request with `max_tokens: 1`)."""
+    return one_token(dict(body), api)
+
+
+def one_token(out: dict[str, Any], api: str) -> dict[str, Any]:
     out["stream"] = False
     out.pop("stream_options", None)
     if api == "responses":
         out["max_output_tokens"] = 1
+    elif api == "messages":
+        out["max_tokens"] = 1
     else:
         out["max_tokens"] = 1
         out["max_completion_tokens"] = 1

@@ -31,7 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from epp.errors import EppError
-from epp.headers import PREFILLER_HOST_PORT, REQUEST_ID
+from epp.headers import ENCODER_HOSTS_PORTS, PREFILLER_HOST_PORT, REQUEST_ID
 from epp.logsafe import clip
 from epp.request import valid_request_id
 from epp.sidecar import protocol as p
@@ -136,9 +136,13 @@ class Sidecar:
             return web.Response(body=self.metrics.render(), content_type="text/plain")
         body = await request.read()
         label = p.path_label(request.path)
+        headers = p.upstream_headers(request.headers.items())
+        encoders = request.headers.get(ENCODER_HOSTS_PORTS)
+        encode_api = p.encode_api(request.method, request.path)
+        if encoders and encode_api is not None:
+            await self._encode(request, body, headers, encode_api, encoders)
         api = p.pd_api(request.method, request.path)
         target = p.first_prefiller(request.headers.get(PREFILLER_HOST_PORT))
-        headers = p.upstream_headers(request.headers.items())
         if api is None or target is None:
             return await self._decode(request, body, headers, label, "forwarded")
         allowed = self.allowlist.resolve(target)
@@ -186,6 +190,50 @@ class Sidecar:
         )
 
     # ---- legs -------------------------------------------------------------------
+    async def _encode(
+        self,
+        request: web.Request,
+        raw: bytes,
+        headers: list[tuple[str, str]],
+        api: str,
+        encoders: str,
+    ) -> None:
+        """The encode leg: the request, asking for one token, to the first encoder named,
+        so its media is in that encoder's cache when prefill asks for it. Any failure
+        (not allowlisted, refused, an error answer) only costs the encode: the request
+        goes on and its media is encoded where it is prefilled."""
+        assert self._session is not None
+        target = p.first_prefiller(encoders)
+        allowed = self.allowlist.resolve(target) if target else None
+        if allowed is None:
+            self.metrics.encodes.labels("forbidden").inc()
+            log.warning("refused encode server %s: not in the allowlist", clip(encoders))
+            return
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return  # the decode server explains what is wrong
+        if not isinstance(body, dict):
+            return
+        data = json.dumps(p.encode_body(body, api)).encode()
+        timeout = aiohttp.ClientTimeout(
+            total=self.options.prefill_timeout, sock_connect=self.options.connect_timeout
+        )
+        try:
+            async with self._session.post(
+                f"http://{allowed}{request.path_qs}",
+                data=data,
+                headers=_json_headers(headers),
+                timeout=timeout,
+            ) as r:
+                await r.read()
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            log.warning("encode server %s failed: %s %s", allowed, type(e).__name__, e)
+            self.metrics.encodes.labels("failed").inc()
+            return
+        self.metrics.encodes.labels("encoded" if 200 <= status < 300 else "failed").inc()
+
     async def _prefill(
         self, target: str, path_qs: str, body: dict[str, Any], headers: list[tuple[str, str]]
     ) -> _Prefilled | _Rejected | _Failed:

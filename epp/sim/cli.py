@@ -22,7 +22,7 @@ from typing import Any
 from epp.sim import presets
 from epp.sim.chat import load_renderer
 from epp.sim.cluster import SimCluster
-from epp.sim.config import KV_EVENT_FORMATS, KV_ROLES, KVEventsConfig, SimConfig
+from epp.sim.config import EC_ROLES, KV_EVENT_FORMATS, KV_ROLES, KVEventsConfig, SimConfig
 from epp.sim.tokenizer import shared_tokenizer
 
 _DEFAULTS = SimConfig()
@@ -134,6 +134,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-transfer-ms-per-token", type=float,
         help=f"decode side: model ms to pull one prompt token's KV "
         f"(default {d.kv_transfer_ms_per_token})",
+    )  # fmt: skip
+    p.add_argument(
+        "--ec-role", choices=EC_ROLES,
+        help="encode: an encoder-only server for encode/prefill/decode disaggregation "
+        "(answers one token after encoding the request's media); none (default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--encode-ms-per-item", type=float,
+        help=f"encode role: model ms to encode one media item not in the encoder cache "
+        f"(default {d.encode_ms_per_item})",
+    )  # fmt: skip
+    p.add_argument(
+        "--encoder-cache-items", type=int,
+        help=f"encode role: media items the encoder cache holds (default "
+        f"{d.encoder_cache_items})",
     )  # fmt: skip
     p.add_argument(
         "--failure-rate", type=float,

@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 KV_ROLES = ("both", "prefill", "decode", "none")
+# "encode": an encoder-only server (epp.sim.encode); "none": media is encoded where the
+# request is prefilled, at no modelled cost (the simulator's default).
+EC_ROLES = ("none", "encode")
 KV_EVENT_FORMATS = ("map", "array")
 
 
@@ -106,6 +109,9 @@ class SimConfig:
     seed: int = 0
     kv_role: str = "both"
     kv_transfer_ms_per_token: float = 0.001
+    ec_role: str = "none"
+    encode_ms_per_item: float = 20.0
+    encoder_cache_items: int = 1024
     kv_events: KVEventsConfig | None = None
     kv_events_format: str = "map"
     # A CPU tier of this many blocks behind the GPU cache (0: none): blocks evicted from
@@ -139,7 +145,7 @@ class SimConfig:
             self.step_base_ms, self.weight_read_ms, self.prefill_ms_per_token,
             self.decode_ms_per_token,
             self.batch_slowdown, self.attention_ms_per_ktoken, self.lora_load_ms,
-            self.kv_transfer_ms_per_token,
+            self.kv_transfer_ms_per_token, self.encode_ms_per_item,
         )  # fmt: skip
         if min(latencies) < 0 or not all(math.isfinite(v) for v in latencies):
             raise ValueError("latencies must not be negative")
@@ -147,6 +153,10 @@ class SimConfig:
             raise ValueError("failure_rate must be within [0, 1]")
         if self.kv_role not in KV_ROLES:
             raise ValueError(f"kv_role must be one of {KV_ROLES}")
+        if self.ec_role not in EC_ROLES:
+            raise ValueError(f"ec_role must be one of {EC_ROLES}")
+        if self.encoder_cache_items < 1:
+            raise ValueError("encoder_cache_items must be >= 1")
         if self.kv_events_format not in KV_EVENT_FORMATS:
             raise ValueError(f"kv_events_format must be one of {KV_EVENT_FORMATS}")
         # Accept a list from callers; a tuple keeps the frozen config hashable.

@@ -80,6 +80,8 @@ class OpenAIRoutes:
             self.server.stats.requests_failed += 1
             raise ApiError(500, "simulated failure (fault injection)")
 
+        if self.server.config.ec_role == "encode":
+            return await self.encode(req, builder or ResponseBuilder(kind, req.model))
         role = self.server.config.kv_role
         remote_decode = req.kv_kind == "do_remote_decode" and pd.honours(role, req.kv_kind)
         remote_prefill = req.kv_kind == "do_remote_prefill" and pd.honours(role, req.kv_kind)
@@ -120,6 +122,18 @@ class OpenAIRoutes:
             self.server.inflight.pop(channel, None)
             for seq in seqs:  # no-op for finished ones; frees slots if the client left
                 self.server.engine.abort(seq)
+
+    async def encode(
+        self, req: InferenceRequest, builder: ResponseBuilder | MessagesBuilder
+    ) -> web.Response:
+        """The encode role (`epp.sim.encode`): encode the media, answer one token."""
+        encoded, hits = await self.server.encoder.encode(f[0] for f in req.mm)
+        stats = self.server.stats
+        stats.mm_items_encoded += encoded
+        stats.encoder_cache_hits += hits
+        stats.requests_succeeded += 1
+        prompt = sum(len(p) for p in req.prompts)
+        return web.json_response(builder.full([filler_text(1)], ["length"], usage(prompt, 1, 0)))
 
     def usage(self, seqs: list[SimRequest]) -> dict[str, Any]:
         return usage(

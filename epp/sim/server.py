@@ -27,6 +27,7 @@ from epp.sim.admin_routes import AdminRoutes
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
 from epp.sim.config import Faults, SimConfig
+from epp.sim.encode import Encoder
 from epp.sim.engine import Engine, EngineSnapshot
 from epp.sim.kv_events import KVEventPublisher, format_topic, replica_endpoint
 from epp.sim.kvcache import KVEvent
@@ -63,6 +64,9 @@ class ServerStats:
     kv_transfer: dict[str, int] = field(
         default_factory=lambda: {"do_remote_decode": 0, "do_remote_prefill": 0, "other": 0}
     )
+    # Encode role: media items encoded, and items found in the encoder cache.
+    mm_items_encoded: int = 0
+    encoder_cache_hits: int = 0
 
 
 class SimServer:
@@ -89,6 +93,9 @@ class SimServer:
         self.faults = Faults(fail_rate=self.config.failure_rate)
         self.stats = ServerStats()
         self.clock = ModelClock(self.config.time_scale)
+        self.encoder = Encoder(
+            self.clock, self.config.encode_ms_per_item, self.config.encoder_cache_items
+        )
         self.tokenizer = shared_tokenizer(self.config.tokenizer)
         self.render = load_renderer(self.config.chat_template)
         self.lora = LoraRegistry(self.config.lora_modules, self.config.max_loras)
@@ -251,6 +258,7 @@ class SimServer:
             "model": self.config.model,
             "preset": self.config.preset,
             "kv_role": self.config.kv_role,
+            "ec_role": self.config.ec_role,
             "faults": self.faults.to_dict(),
             "stats": asdict(self.stats),
             "engine": {

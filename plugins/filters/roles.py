@@ -1,4 +1,4 @@
-"""Role filters for prefill/decode pools, on label `llm-d.ai/role` (llm-d's values).
+"""Role filters for encode/prefill/decode pools, on label `llm-d.ai/role` (llm-d's values).
 
 `decode-endpoints-filter` also keeps unlabelled endpoints (an aggregated server decodes);
 `prefill-endpoints-filter` does not. `both` is llm-d's deprecated spelling of
@@ -18,6 +18,8 @@ PREFILL_ROLES = frozenset(
     {"prefill", "prefill-decode", "both", "encode-prefill", "encode-prefill-decode"}
 )
 DECODE_ROLES = frozenset({"decode", "prefill-decode", "both", "encode-prefill-decode"})
+# llm-d-router `filter/bylabel/roles.go`: encode is the first stage (E -> P -> D).
+ENCODE_ROLES = frozenset({"encode", "encode-prefill", "encode-prefill-decode"})
 
 
 class _RoleFilter(Plugin):
@@ -47,3 +49,8 @@ class PrefillEndpointsFilter(_RoleFilter):
 class DecodeEndpointsFilter(_RoleFilter):
     roles = DECODE_ROLES
     keep_unlabelled = True
+
+
+@register("encode-filter")
+class EncodeEndpointsFilter(_RoleFilter):
+    roles = ENCODE_ROLES

@@ -104,20 +104,20 @@ def load_tokenizer_param(spec: str | None) -> Tokenizer | None:
 
 
 def first_targets(result: SchedulingResult) -> list[EndpointSnapshot]:
-    """The first target of the primary profile, then of every other profile that ran."""
+    """The first target of the primary profile, then of every other profile that ran,
+    except an encode-only server's (it encodes the media and holds no prompt KV)."""
     out: list[EndpointSnapshot] = []
-    seen: set[str] = set()
-    primary = result.profile_results.get(result.primary_profile)
-    ordered = [
-        primary,
-        *(r for n, r in result.profile_results.items() if n != result.primary_profile),
-    ]
-    for r in ordered:
-        if r is not None and r.targets:
-            first = r.targets[0]
-            if (name := first.endpoint.name) not in seen:
-                seen.add(name)
-                out.append(first)
+    primary = result.primary_profile
+    first = result.profile_results.get(primary)
+    if first is not None and first.targets:
+        out.append(first.targets[0])
+    for name, r in result.profile_results.items():
+        if name == primary or r is None or not r.targets:
+            continue
+        pick = r.targets[0]
+        endpoint = pick.endpoint
+        if endpoint.role != "encode" and all(o.endpoint.name != endpoint.name for o in out):
+            out.append(pick)
     return out
 
 

@@ -1,4 +1,4 @@
-"""`disagg-profile-handler`: prefill/decode disaggregation, decode first (llm-d's order).
+"""`disagg-profile-handler`: encode/prefill/decode disaggregation, decode first (llm-d's order).
 
 1. Run the decode profile. No decode endpoint → 503, as llm-d ("failed to find
    available decode workers").
@@ -12,8 +12,16 @@
    decode endpoint itself (a `prefill-decode` server) is decode-only too, since sending
    a server its own prefill only adds a hop.
 
+With an encode decider (`deciders: {encode: NAME}`, e.g.
+`always-disagg-multimodal-decider`), a step runs between 2 and 3 as in llm-d-router
+(`disagg_profile_handler.go`, decode → encode → prefill): when the decider approves, the
+encode profile runs and its picks travel in `x-encoder-hosts-ports: ip:port[,ip:port]`,
+for the decode-side sidecar to send the request's media there first. An encode profile
+that finds nothing leaves the request to encode its media where it is prefilled.
+
 Every completed decision is counted in `inference_extension_disagg_decisions_total`
-with `decision_type` = `decode-only` | `prefill-decode`.
+with `decision_type` = `decode-only` | `prefill-decode` | `encode-decode` |
+`encode-prefill-decode` (llm-d's values).
 
 Parameters accept llm-d's nested form (`profiles: {decode, prefill}`, `deciders:
 {prefill}`) and its legacy flat form (`decodeProfile`, `prefillProfile`,
@@ -32,7 +40,7 @@ from prometheus_client import Counter
 
 from epp.config.params import param
 from epp.errors import EppError, unavailable
-from epp.headers import PREFILLER_HOST_PORT
+from epp.headers import ENCODER_HOSTS_PORTS, PREFILLER_HOST_PORT
 from epp.observability import REGISTRY
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
@@ -48,13 +56,17 @@ log = logging.getLogger("epp.plugins.disagg")
 # prefill profile runs so prefill-side plugins may use it (as llm-d does).
 DECISION_KEY = "disagg-profile-handler/remote-prefill"
 DECODE_ENDPOINT_KEY = "disagg-profile-handler/decode-endpoint"
+ENCODE_DECISION_KEY = "disagg-profile-handler/encode"
 
 DECODE_ONLY = "decode-only"
 PREFILL_DECODE = "prefill-decode"
+ENCODE_DECODE = "encode-decode"
+ENCODE_PREFILL_DECODE = "encode-prefill-decode"
 
 DISAGG_DECISIONS = Counter(
     "inference_extension_disagg_decisions",
-    "P/D scheduling outcomes: decode-only or prefill-decode (remote prefill).",
+    "Disaggregation outcomes: decode-only, prefill-decode (remote prefill), encode-decode "
+    "(remote encode) or encode-prefill-decode.",
     ["decision_type"],
     registry=REGISTRY,
 )
@@ -64,7 +76,7 @@ PREFILL_UNAVAILABLE = Counter(
     "they ran decode-only.",
     registry=REGISTRY,
 )
-for _kind in (DECODE_ONLY, PREFILL_DECODE):
+for _kind in (DECODE_ONLY, PREFILL_DECODE, ENCODE_DECODE, ENCODE_PREFILL_DECODE):
     DISAGG_DECISIONS.labels(_kind)  # both series exist from the start
 
 
@@ -72,37 +84,50 @@ for _kind in (DECODE_ONLY, PREFILL_DECODE):
 class ProfileNames:
     decode: str | None = param(None, doc="decode profile name (default decode)")
     prefill: str | None = param(None, doc="prefill profile name (default prefill)")
+    encode: str | None = param(None, doc="encode profile name (default encode)")
 
 
 @dataclass(frozen=True)
 class DeciderNames:
     prefill: str | None = param(None, doc="plugin name of the P/D decider; none: decode-only")
+    encode: str | None = param(
+        None, doc="plugin name of the encode decider; none: media is encoded where prefilled"
+    )
 
 
 @dataclass(frozen=True)
 class DisaggParams:
     profiles: ProfileNames = param(
-        default_factory=ProfileNames, doc="{decode, prefill}: profile names (llm-d nested form)"
+        default_factory=ProfileNames,
+        doc="{decode, prefill, encode}: profile names (llm-d nested form)",
     )
     deciders: DeciderNames = param(
-        default_factory=DeciderNames, doc="{prefill: NAME}: the decider plugin (nested form)"
+        default_factory=DeciderNames,
+        doc="{prefill: NAME, encode: NAME}: the decider plugins (nested form)",
     )
     decode_profile: str | None = param(None, doc="legacy flat form of profiles.decode")
     prefill_profile: str | None = param(None, doc="legacy flat form of profiles.prefill")
     decider_plugin_name: str | None = param(None, doc="legacy flat form of deciders.prefill")
+    encode_profile: str | None = param(None, doc="legacy flat form of profiles.encode")
+    encode_decider_plugin_name: str | None = param(None, doc="legacy flat form of deciders.encode")
 
     def validate(self) -> None:
         nested = [
-            f"profiles.{k}" for k in ("decode", "prefill") if getattr(self.profiles, k) is not None
+            f"profiles.{k}"
+            for k in ("decode", "prefill", "encode")
+            if getattr(self.profiles, k) is not None
         ]
-        if self.deciders.prefill is not None:
-            nested.append("deciders.prefill")
+        nested += [
+            f"deciders.{k}" for k in ("prefill", "encode") if getattr(self.deciders, k) is not None
+        ]
         flat = [
             k
             for k, v in (
                 ("decodeProfile", self.decode_profile),
                 ("prefillProfile", self.prefill_profile),
                 ("deciderPluginName", self.decider_plugin_name),
+                ("encodeProfile", self.encode_profile),
+                ("encodeDeciderPluginName", self.encode_decider_plugin_name),
             )
             if v is not None
         ]
@@ -115,13 +140,16 @@ class DisaggParams:
             ("decode profile", self.decode_name),
             ("prefill profile", self.prefill_name),
             ("decider name", self.decider_name),
+            ("encode profile", self.encode_name),
+            ("encode decider name", self.encode_decider_name),
         ):
             if value is not None and not value:
                 raise ValueError(f"the {label} must not be empty")
-        if self.decode_name == self.prefill_name:
-            raise ValueError(
-                f"the decode and prefill profiles must differ; both are {self.decode_name!r}"
-            )
+        names = {"decode": self.decode_name, "prefill": self.prefill_name}
+        names["encode"] = self.encode_name
+        for a, b in (("decode", "prefill"), ("decode", "encode"), ("prefill", "encode")):
+            if names[a] == names[b]:
+                raise ValueError(f"the {a} and {b} profiles must differ; both are {names[a]!r}")
 
     @property
     def decode_name(self) -> str:
@@ -130,6 +158,16 @@ class DisaggParams:
     @property
     def prefill_name(self) -> str:
         return _first(self.profiles.prefill, self.prefill_profile, "prefill")
+
+    @property
+    def encode_name(self) -> str:
+        return _first(self.profiles.encode, self.encode_profile, "encode")
+
+    @property
+    def encode_decider_name(self) -> str | None:
+        if self.deciders.encode is not None:
+            return self.deciders.encode
+        return self.encode_decider_plugin_name
 
     @property
     def decider_name(self) -> str | None:
@@ -151,8 +189,10 @@ class DisaggProfileHandler(Plugin):
         self.params = params
         self.decode = params.decode_name
         self.prefill = params.prefill_name
+        self.encode = params.encode_name
         self._handle = handle
         self._decider: PrefillDecider | None = None
+        self._encode_decider: PrefillDecider | None = None
         self._checked = False
 
     # ---- validation ---------------------------------------------------------
@@ -168,20 +208,25 @@ class DisaggProfileHandler(Plugin):
                 f"{self!r}: decode profile {self.decode!r} is not defined. Defined profiles: "
                 f"{', '.join(sorted(profiles)) or 'none'}"
             )
-        decider = self._resolve_decider()
-        if decider is not None and self.prefill not in profiles:
-            raise ValueError(
-                f"{self!r}: prefill profile {self.prefill!r} is not defined (decider "
-                f"{decider.name!r} needs it). Defined profiles: {', '.join(sorted(profiles))}"
-            )
-        unused = sorted(set(profiles) - {self.decode, self.prefill})
+        decider = self._resolve_decider(self.params.decider_name, "a P/D decider")
+        encoder = self._resolve_decider(self.params.encode_decider_name, "an encode decider")
+        for stage, d, profile in (
+            ("prefill", decider, self.prefill),
+            ("encode", encoder, self.encode),
+        ):
+            if d is not None and profile not in profiles:
+                raise ValueError(
+                    f"{self!r}: {stage} profile {profile!r} is not defined (decider "
+                    f"{d.name!r} needs it). Defined profiles: {', '.join(sorted(profiles))}"
+                )
+        unused = sorted(set(profiles) - {self.decode, self.prefill, self.encode})
         if unused:
             log.warning("%r never runs profile(s) %s", self, ", ".join(unused))
         self._decider = decider
+        self._encode_decider = encoder
         self._checked = True
 
-    def _resolve_decider(self) -> PrefillDecider | None:
-        name = self.params.decider_name
+    def _resolve_decider(self, name: str | None, what: str) -> PrefillDecider | None:
         if name is None:
             return None
         plugins = self._handle.plugins
@@ -191,11 +236,11 @@ class DisaggProfileHandler(Plugin):
             raise ValueError(
                 f"{self!r}: decider {name!r} is not defined under 'plugins'. Defined deciders: "
                 f"{', '.join(deciders) or 'none'} (types prefix-based-pd-decider, "
-                "always-disagg-pd-decider)"
+                "always-disagg-pd-decider, always-disagg-multimodal-decider)"
             )
         if not isinstance(plugin, PrefillDecider):
             raise ValueError(
-                f"{self!r}: plugin {plugin!r} is not a P/D decider. Defined deciders: "
+                f"{self!r}: plugin {plugin!r} is not {what}. Defined deciders: "
                 f"{', '.join(deciders) or 'none'}"
             )
         return plugin
@@ -221,6 +266,11 @@ class DisaggProfileHandler(Plugin):
         decode = results[self.decode]
         if decode is None or self.prefill in results or DECISION_KEY in state:
             return {}
+        if self._encode_decider is not None and ENCODE_DECISION_KEY not in state:
+            encode = self._encode_decider.disaggregate(state, request, decode.targets[0])
+            state.write(ENCODE_DECISION_KEY, encode)
+            if encode:
+                return {self.encode: profiles[self.encode]}
         remote = self._decider is not None and self._decider.disaggregate(
             state, request, decode.targets[0]
         )
@@ -250,5 +300,17 @@ class DisaggProfileHandler(Plugin):
         elif state.read(DECISION_KEY) and prefill is None:
             PREFILL_UNAVAILABLE.inc()
             log.debug("request %s: no prefill endpoint available; decode-only", request.request_id)
-        DISAGG_DECISIONS.labels(PREFILL_DECODE if headers else DECODE_ONLY).inc()
+        encode = results.get(self.encode)
+        if encode is not None and encode.targets:
+            out[self.encode] = encode
+            headers[ENCODER_HOSTS_PORTS] = ",".join(t.hostport for t in encode.targets)
+        DISAGG_DECISIONS.labels(
+            _decision(ENCODER_HOSTS_PORTS in headers, PREFILLER_HOST_PORT in headers)
+        ).inc()
         return SchedulingResult(out, primary_profile=self.decode, headers=headers)
+
+
+def _decision(encoded: bool, prefilled: bool) -> str:
+    if encoded:
+        return ENCODE_PREFILL_DECODE if prefilled else ENCODE_DECODE
+    return PREFILL_DECODE if prefilled else DECODE_ONLY
