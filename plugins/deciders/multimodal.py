@@ -10,10 +10,10 @@ attribute read and text-only requests pay nothing for it.
 
 from __future__ import annotations
 
+from epp.config.params import NoParams
 from epp.datastore import EndpointSnapshot
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import NoParams
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.datastore import EndpointSnapshot
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
-from epp.scheduling.params import param
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
 
