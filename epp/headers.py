@@ -25,6 +25,10 @@ INFERENCE_TTL = "x-llm-d-inference-ttl"
 # Headers (and dynamic-metadata keys) the EPP sets for Envoy and the model servers.
 DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
 PREFILLER_HOST_PORT = "x-prefiller-host-port"  # read by the decode-side sidecar
+# The data-parallel rank a multi-rank vLLM server should run the request on: vLLM's API
+# server reads `X-data-parallel-rank` (`OpenAIServing._get_data_parallel_rank`, an int;
+# anything else is ignored) and its DP client then skips its own load balancing.
+DATA_PARALLEL_RANK = "x-data-parallel-rank"
 # Set on the upstream request in `--response-path observer` mode: the observer ext_proc
 # stream reads it to join the request's in-flight record (epp/extproc/handoff.py).
 ROUTE_ID = "x-epp-route-id"

@@ -22,6 +22,7 @@ from google.protobuf import struct_pb2
 
 from epp.errors import EppError
 from epp.headers import (
+    DATA_PARALLEL_RANK,
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
     DROPPED_REASON,
@@ -31,7 +32,7 @@ from epp.headers import (
 )
 
 # Routing headers a client must never choose: removed from every request.
-CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
+CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, DATA_PARALLEL_RANK)
 # Envoy rejects larger streamed body mutations; upstream chunks at this size.
 MAX_STREAMED_CHUNK = 62_000
 
