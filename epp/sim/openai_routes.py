@@ -101,8 +101,9 @@ class OpenAIRoutes:
             for i, ids in enumerate(req.prompts)
         ]
         delay = self.server.faults.delay_ms / 1000.0
+        engine = self.server.engine_for(request.headers)
         for seq in seqs:
-            self.server.engine.submit(seq, delay)
+            engine.submit(seq, delay)
         if builder is None:
             builder = ResponseBuilder(kind, req.model)
         self.server.inflight[channel] = request
@@ -119,7 +120,7 @@ class OpenAIRoutes:
         finally:
             self.server.inflight.pop(channel, None)
             for seq in seqs:  # no-op for finished ones; frees slots if the client left
-                self.server.engine.abort(seq)
+                engine.abort(seq)
 
     def usage(self, seqs: list[SimRequest]) -> dict[str, Any]:
         return usage(
