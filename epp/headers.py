@@ -45,5 +45,8 @@ DROPPED_REASON = "x-llm-d-request-dropped-reason"
 
 # Response header naming the simulator replica that answered (`epp sim`).
 SIM_SERVER = "x-sim-server"
+# Response header naming the data-parallel rank that ran the request (`epp sim
+# --data-parallel-size N`, N > 1).
+SIM_DP_RANK = "x-sim-dp-rank"
 # The simulator echoes the traceparent it received (epp/sim/server.py).
 SIM_TRACEPARENT = "x-sim-traceparent"

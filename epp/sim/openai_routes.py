@@ -101,7 +101,7 @@ class OpenAIRoutes:
             for i, ids in enumerate(req.prompts)
         ]
         delay = self.server.faults.delay_ms / 1000.0
-        engine = self.server.engine_for(request.headers)
+        engine = self.server.engine_for(request)
         for seq in seqs:
             engine.submit(seq, delay)
         if builder is None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from epp.headers import SIM_SERVER, SIM_TRACEPARENT
+from epp.headers import SIM_DP_RANK, SIM_SERVER, SIM_TRACEPARENT
 from epp.sim.admin_routes import AdminRoutes
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
@@ -44,6 +44,7 @@ from epp.sim.sequence import Channel
 from epp.sim.tokenizer import filler_ids, shared_tokenizer
 
 log = logging.getLogger("epp.sim")
+_DP_RANK = web.RequestKey("dp_rank", int)
 
 
 @dataclass
@@ -142,12 +143,14 @@ class SimServer:
     def publisher(self) -> KVEventPublisher | None:
         return self.publishers[0]
 
-    def engine_for(self, headers: Any) -> Engine:
+    def engine_for(self, request: web.Request) -> Engine:
         """The rank a request runs on (`X-data-parallel-rank`, else least loaded)."""
         try:
-            return self.engines[self.ranks.choose(headers)]
+            rank = self.ranks.choose(request.headers)
         except RankChoiceError as e:
             raise ApiError(400, str(e)) from None
+        request[_DP_RANK] = rank
+        return self.engines[rank]
 
     def render_metrics(self) -> bytes:
         return render_ranks([m.registry for m in self.rank_metrics])
@@ -251,6 +254,8 @@ class SimServer:
 
     async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[SIM_SERVER] = self.name
+        if len(self.engines) > 1 and _DP_RANK in request:
+            response.headers[SIM_DP_RANK] = str(request[_DP_RANK])
         # The W3C trace context the request came with, which a tracing vLLM continues
         # (--otlp-traces-endpoint): echoed so a test can see what reached the server.
         parent = request.headers.get("traceparent")
