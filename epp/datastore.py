@@ -40,6 +40,17 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class RankLoad:
+    """One data-parallel rank of an endpoint, from the series labelled with its index
+    (vLLM's `engine` label, SGLang's `dp_rank`)."""
+
+    rank: int
+    waiting_queue_size: int = 0
+    running_requests: int = 0
+    kv_cache_usage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointMetrics:
     """What a model server last reported on /metrics (engine-neutral names).
 
@@ -58,6 +69,11 @@ class EndpointMetrics:
     cache_num_blocks: int = 0
     cache_offload_blocks: int = 0  # off-GPU (CPU offload) blocks, when reported
     update_time: float = 0.0
+    # Per data-parallel rank, by rank, when the scrape showed two ranks or more (one
+    # server running `--data-parallel-size N` behind one API port); empty otherwise.
+    # The fields above stay the endpoint's totals, so endpoint-level scheduling is
+    # unchanged; the `data-parallel-rank-picker` reads these to name a rank.
+    ranks: tuple[RankLoad, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

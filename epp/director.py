@@ -254,7 +254,8 @@ class Director:
         add_request(1)
         decision = RoutingDecision(
             destinations=[t.hostport for t in result.primary.targets],
-            headers=dict(result.headers),
+            # the result's own dict: pre-request hooks may add headers (a DP rank)
+            headers=result.headers,
             result=result,
             labels=(model, target),
         )

@@ -28,6 +28,10 @@ PREFILLER_HOST_PORT = "x-prefiller-host-port"  # read by the decode-side sidecar
 # The encode endpoints (comma-separated ip:port) the decode-side sidecar sends a
 # multimodal request's media to first: llm-d-router `pkg/common/routing/common.go`.
 ENCODER_HOSTS_PORTS = "x-encoder-hosts-ports"
+# The data-parallel rank a multi-rank vLLM server should run the request on: vLLM's API
+# server reads `X-data-parallel-rank` (`OpenAIServing._get_data_parallel_rank`, an int;
+# anything else is ignored) and its DP client then skips its own load balancing.
+DATA_PARALLEL_RANK = "x-data-parallel-rank"
 # Set on the upstream request in `--response-path observer` mode: the observer ext_proc
 # stream reads it to join the request's in-flight record (epp/extproc/handoff.py).
 ROUTE_ID = "x-epp-route-id"
@@ -44,5 +48,8 @@ DROPPED_REASON = "x-llm-d-request-dropped-reason"
 
 # Response header naming the simulator replica that answered (`epp sim`).
 SIM_SERVER = "x-sim-server"
+# Response header naming the data-parallel rank that ran the request (`epp sim
+# --data-parallel-size N`, N > 1).
+SIM_DP_RANK = "x-sim-dp-rank"
 # The simulator echoes the traceparent it received (epp/sim/server.py).
 SIM_TRACEPARENT = "x-sim-traceparent"

@@ -26,6 +26,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.latency.scorer",
     "plugins.latency.slack",
     "plugins.latency.tier_filter",
+    "plugins.pickers.dp_rank",
     "plugins.pickers.max_score",
     "plugins.pickers.random_picker",
     "plugins.pickers.round_robin",

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from epp.datalayer.promtext import Sample
-from epp.datastore import Endpoint, EndpointMetrics
+from epp.datastore import Endpoint, EndpointMetrics, RankLoad
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -129,6 +129,8 @@ class EngineMap:
     num_blocks: tuple[MetricSpec, ...] = ()
     # KV blocks the server keeps off the GPU (CPU offload), when it reports them
     offload_blocks: tuple[MetricSpec, ...] = ()
+    # The label naming a series' data-parallel rank ("" = the engine has none).
+    rank_label: str = ""
     families: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -165,6 +167,8 @@ VLLM = EngineMap(
     # CacheConfig.num_cpu_blocks: the CPU-tier blocks (a label like the others; "None"
     # when the server keeps no KV off the GPU, which reads as unreported)
     offload_blocks=_specs(MetricSpec("vllm:cache_config_info", label="num_cpu_blocks")),
+    # vLLM labels every series with `engine` = the DP rank's index (vllm/v1/metrics/loggers.py)
+    rank_label="engine",
 )
 
 SGLANG = EngineMap(
@@ -174,6 +178,7 @@ SGLANG = EngineMap(
     kv_usage=_specs(MetricSpec("sglang:token_usage")),
     block_size=_specs(MetricSpec("sglang:cache_config_info", label="page_size")),
     num_blocks=_specs(MetricSpec("sglang:cache_config_info", label="num_pages")),
+    rank_label="dp_rank",
 )
 
 TRTLLM_SERVE = EngineMap(
@@ -244,6 +249,45 @@ def _values(specs: Sequence[MetricSpec], samples: Mapping[str, Sequence[Sample]]
     return []
 
 
+def _by_rank(
+    specs: Sequence[MetricSpec], samples: Mapping[str, Sequence[Sample]], label: str
+) -> dict[int, float]:
+    """Rank → value of the first spec with a usable sample (ranks summed if repeated)."""
+    for spec in specs:
+        out: dict[int, float] = {}
+        for s in spec.select(samples):
+            raw = s.labels.get(label)
+            if raw is None or not raw.isdigit() or math.isnan(s.value):
+                continue
+            out[int(raw)] = out.get(int(raw), 0.0) + s.value
+        if out:
+            return out
+    return {}
+
+
+def _ranks(emap: EngineMap, samples: Mapping[str, Sequence[Sample]]) -> tuple[RankLoad, ...]:
+    """Per-rank load when the page shows two ranks or more; () for a single-rank server
+    (the common case costs one pass over three families per scrape, none per request)."""
+    waiting = _by_rank(emap.waiting, samples, emap.rank_label)
+    running = _by_rank(emap.running, samples, emap.rank_label)
+    kv = _by_rank(emap.kv_usage, samples, emap.rank_label)
+    ranks = sorted(set(waiting) | set(running) | set(kv))
+    if len(ranks) < 2:
+        return ()
+    out = []
+    for r in ranks:
+        usage = kv.get(r, 0.0)
+        out.append(
+            RankLoad(
+                rank=r,
+                waiting_queue_size=_count([waiting.get(r, 0.0)]),
+                running_requests=_count([running.get(r, 0.0)]),
+                kv_cache_usage=min(1.0, max(0.0, usage)) if math.isfinite(usage) else 1.0,
+            )
+        )
+    return tuple(out)
+
+
 def _count(vals: list[float]) -> int:
     total = sum(vals)
     if math.isinf(total):
@@ -309,6 +353,9 @@ def extract(
     if kv:
         usage = sum(kv) / len(kv)
         changes["kv_cache_usage"] = min(1.0, max(0.0, usage)) if math.isfinite(usage) else 1.0
+
+    if emap.rank_label:
+        changes["ranks"] = _ranks(emap, samples_by_family)
 
     lora = _lora(emap.lora, samples_by_family)
     if lora is not None:

@@ -22,6 +22,7 @@ from google.protobuf import struct_pb2
 
 from epp.errors import EppError
 from epp.headers import (
+    DATA_PARALLEL_RANK,
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
     DROPPED_REASON,
@@ -32,7 +33,7 @@ from epp.headers import (
 )
 
 # Routing headers a client must never choose: removed from every request.
-CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT)
+CLIENT_FORBIDDEN_HEADERS = (DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, DATA_PARALLEL_RANK)
 # Removed too, but only from a request that carries it (the common case, a text request
 # without it, then builds no longer a mutation than before encode disaggregation).
 CLIENT_FORBIDDEN_IF_SENT = ENCODER_HOSTS_PORTS

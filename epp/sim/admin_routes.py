@@ -58,11 +58,11 @@ class AdminRoutes:
         return web.Response(text=message)
 
     async def kv_event_sources(self, request: web.Request) -> web.Response:
-        sources = [self.server.publisher.source()] if self.server.publisher is not None else []
+        sources = [p.source() for p in self.server.publishers if p is not None]
         return web.json_response(sources)
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        if not self.server.engine.reset_prefix_cache():
+        if not all([e.reset_prefix_cache() for e in self.server.engines]):
             log.warning("%s: prefix cache not reset: blocks are in use", self.server.name)
         return web.Response()
 

@@ -127,6 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "there, announced in KV events with medium CPU (default 0: none)",
     )  # fmt: skip
     p.add_argument(
+        "--data-parallel-size", type=int,
+        help="data-parallel ranks behind the one port, as vLLM's --data-parallel-size with "
+        "one API server: X-data-parallel-rank picks one, else the least loaded (default 1)",
+    )  # fmt: skip
+    p.add_argument(
         "--kv-role", choices=KV_ROLES,
         help="P/D legs honoured: both (default), prefill, decode, none",
     )  # fmt: skip

@@ -118,8 +118,14 @@ class SimConfig:
     # the GPU move there and are announced as vLLM's offloading connector does
     # (BlockStored with medium CPU and no tokens, then BlockRemoved on GPU).
     kv_offload_blocks: int = 0
+    # vLLM's `--data-parallel-size` with one API server: this many independent engines
+    # (own queue, own KV cache, own `engine="<rank>"` metrics and KV events with their
+    # `data_parallel_rank`) behind the one port; `X-data-parallel-rank` picks one.
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError("data_parallel_size must be >= 1")
         if not self.model:
             raise ValueError("model name must not be empty")
         if self.max_num_seqs < 1:

@@ -59,11 +59,14 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
 class SimMetrics:
     """The metrics of one simulated server; also the engine's observer."""
 
-    def __init__(self, config: SimConfig, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(
+        self, config: SimConfig, snapshot: Callable[[], EngineSnapshot], engine: str = ENGINE
+    ) -> None:
         self.config = config
         self.model = config.model
+        self.engine = engine  # the `engine` label: the data-parallel rank's index
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_LoadCollector(config, snapshot))
+        self.registry.register(_LoadCollector(config, snapshot, engine))
         r = self.registry
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -139,7 +142,7 @@ class SimMetrics:
         )
         # Create every series up front, as vLLM does, so a fresh server already shows
         # zeros instead of missing metrics; keep the children, the hot path uses them.
-        labels = (self.model, ENGINE)
+        labels = (self.model, engine)
         self._prompt_tokens = self.prompt_tokens.labels(*labels)
         self._generation_tokens = self.generation_tokens.labels(*labels)
         self._queries = self.prefix_cache_queries.labels(*labels)
@@ -185,7 +188,7 @@ class SimMetrics:
         success = self._success.get(req.finish_reason)
         if success is None:
             success = self._success[req.finish_reason] = self.request_success.labels(
-                self.model, ENGINE, req.finish_reason
+                self.model, self.engine, req.finish_reason
             )
         success.inc()
         self._req_prompt.observe(req.num_prompt_tokens)
@@ -203,9 +206,12 @@ class SimMetrics:
 class _LoadCollector(Collector):
     """Gauges read from the engine at scrape time."""
 
-    def __init__(self, config: SimConfig, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(
+        self, config: SimConfig, snapshot: Callable[[], EngineSnapshot], engine: str = ENGINE
+    ) -> None:
         self.config = config
         self.snapshot = snapshot
+        self.engine = engine
         # vLLM sets a new lora_requests_info series to the current time whenever it
         # logs, and old label sets linger; consumers take the newest. Same here.
         self._lora_series: dict[tuple[str, str], float] = {}
@@ -216,7 +222,7 @@ class _LoadCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cfg = self.config
         snap = self.snapshot()
-        base = [cfg.model, ENGINE]
+        base = [cfg.model, self.engine]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=LABELS)

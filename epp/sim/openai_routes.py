@@ -103,8 +103,9 @@ class OpenAIRoutes:
             for i, ids in enumerate(req.prompts)
         ]
         delay = self.server.faults.delay_ms / 1000.0
+        engine = self.server.engine_for(request)
         for seq in seqs:
-            self.server.engine.submit(seq, delay)
+            engine.submit(seq, delay)
         if builder is None:
             builder = ResponseBuilder(kind, req.model)
         self.server.inflight[channel] = request
@@ -121,7 +122,7 @@ class OpenAIRoutes:
         finally:
             self.server.inflight.pop(channel, None)
             for seq in seqs:  # no-op for finished ones; frees slots if the client left
-                self.server.engine.abort(seq)
+                engine.abort(seq)
 
     async def encode(
         self, req: InferenceRequest, builder: ResponseBuilder | MessagesBuilder

@@ -46,5 +46,5 @@ class ProbeRoutes:
                     raise asyncio.CancelledError
                 await asyncio.sleep(POLL_SECONDS)
         return web.Response(
-            body=self.server.metrics.render(), headers={"Content-Type": CONTENT_TYPE}
+            body=self.server.render_metrics(), headers={"Content-Type": CONTENT_TYPE}
         )

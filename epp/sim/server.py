@@ -18,15 +18,17 @@ import logging
 import random
 import uuid
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from epp.headers import SIM_SERVER, SIM_TRACEPARENT
+from epp.headers import SIM_DP_RANK, SIM_SERVER, SIM_TRACEPARENT
 from epp.sim.admin_routes import AdminRoutes
 from epp.sim.chat import load_renderer
 from epp.sim.clock import ModelClock
 from epp.sim.config import Faults, SimConfig
+from epp.sim.dp import RankChoiceError, RankChooser, render_ranks
 from epp.sim.encode import Encoder
 from epp.sim.engine import Engine, EngineSnapshot
 from epp.sim.kv_events import KVEventPublisher, format_topic, replica_endpoint
@@ -43,6 +45,7 @@ from epp.sim.sequence import Channel
 from epp.sim.tokenizer import filler_ids, shared_tokenizer
 
 log = logging.getLogger("epp.sim")
+_DP_RANK = web.RequestKey("dp_rank", int)
 
 
 @dataclass
@@ -99,17 +102,30 @@ class SimServer:
         self.tokenizer = shared_tokenizer(self.config.tokenizer)
         self.render = load_renderer(self.config.chat_template)
         self.lora = LoraRegistry(self.config.lora_modules, self.config.max_loras)
-        self.metrics = SimMetrics(self.config, self._reported_load)
         events = self.config.kv_events
-        self.publisher: KVEventPublisher | None = None
-        self.engine = Engine(
-            self.config,
-            self.clock,
-            self.metrics,
-            lora=self.lora,
-            output_ids=filler_ids(self.tokenizer),
-            publish=self._publish if events is not None and events.enabled else None,
-        )
+        publishing = events is not None and events.enabled
+        # One engine per data-parallel rank (one for a plain server), each with its own
+        # metrics and KV-event publisher; `engine`/`metrics`/`publisher` are rank 0's.
+        self.engines: list[Engine] = []
+        self.rank_metrics: list[SimMetrics] = []
+        self.publishers: list[KVEventPublisher | None] = []
+        for rank in range(self.config.data_parallel_size):
+            metrics = SimMetrics(self.config, partial(self._reported_load, rank), str(rank))
+            self.rank_metrics.append(metrics)
+            self.publishers.append(None)
+            self.engines.append(
+                Engine(
+                    self.config,
+                    self.clock,
+                    metrics,
+                    lora=self.lora,
+                    output_ids=filler_ids(self.tokenizer),
+                    publish=partial(self._publish, rank) if publishing else None,
+                )
+            )
+        self.metrics = self.rank_metrics[0]
+        self.engine = self.engines[0]
+        self.ranks = RankChooser([e.snapshot for e in self.engines])
         # String seeds hash deterministically: replicas differ, runs repeat.
         self.rng = random.Random(f"{self.config.seed}:{name}")
         self._runner: web.AppRunner | None = None
@@ -130,8 +146,24 @@ class SimServer:
     def set_faults(self, **changes: Any) -> None:
         self.faults.update(changes)
 
-    def _reported_load(self) -> EngineSnapshot:
-        snap = self.engine.snapshot()
+    @property
+    def publisher(self) -> KVEventPublisher | None:
+        return self.publishers[0]
+
+    def engine_for(self, request: web.Request) -> Engine:
+        """The rank a request runs on (`X-data-parallel-rank`, else least loaded)."""
+        try:
+            rank = self.ranks.choose(request.headers)
+        except RankChoiceError as e:
+            raise ApiError(400, str(e)) from None
+        request[_DP_RANK] = rank
+        return self.engines[rank]
+
+    def render_metrics(self) -> bytes:
+        return render_ranks([m.registry for m in self.rank_metrics])
+
+    def _reported_load(self, rank: int = 0) -> EngineSnapshot:
+        snap = self.engines[rank].snapshot()
         if self.faults.fixed_queue is not None:
             snap = EngineSnapshot(
                 snap.running,
@@ -142,9 +174,10 @@ class SimServer:
             )
         return snap
 
-    def _publish(self, events: list[KVEvent]) -> None:
-        if self.publisher is not None:
-            self.publisher.publish(events)
+    def _publish(self, rank: int, events: list[KVEvent]) -> None:
+        publisher = self.publishers[rank]
+        if publisher is not None:
+            publisher.publish(events)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -161,7 +194,8 @@ class SimServer:
         return app
 
     async def start(self) -> None:
-        self.engine.start()
+        for engine in self.engines:
+            engine.start()
         # A short shutdown timeout: stop() has already ended every stream. A client that
         # disconnects cancels its handler, so a non-streamed request is aborted too, as
         # vLLM's `with_cancellation` routes do (vllm/entrypoints/utils.py): an EPP that
@@ -176,18 +210,23 @@ class SimServer:
         events = self.config.kv_events
         if events is not None and events.enabled:
             host = self.advertised_host
-            self.publisher = KVEventPublisher(
-                events,
-                endpoint=replica_endpoint(events.endpoint, self.replica),
-                topic=format_topic(events.topic, host, self.port, self.config.model),
-                fmt=self.config.kv_events_format,
-                advertised_host=self.advertised_host,
-            )
+            size = self.config.data_parallel_size
+            for rank in range(size):
+                # a bound endpoint's port is offset by the rank, as vLLM does
+                self.publishers[rank] = KVEventPublisher(
+                    events,
+                    endpoint=replica_endpoint(events.endpoint, self.replica * size + rank),
+                    topic=format_topic(events.topic, host, self.port, self.config.model),
+                    fmt=self.config.kv_events_format,
+                    advertised_host=self.advertised_host,
+                    dp_rank=rank,
+                )
         self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="sim-reaper")
 
     async def stop(self) -> None:
         self.stopping = True
-        await self.engine.stop()
+        for engine in self.engines:
+            await engine.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -196,9 +235,10 @@ class SimServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
+        for rank, publisher in enumerate(self.publishers):
+            if publisher is not None:
+                publisher.close()
+                self.publishers[rank] = None
 
     async def __aenter__(self) -> SimServer:
         await self.start()
@@ -221,6 +261,8 @@ class SimServer:
 
     async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[SIM_SERVER] = self.name
+        if len(self.engines) > 1 and _DP_RANK in request:
+            response.headers[SIM_DP_RANK] = str(request[_DP_RANK])
         # The W3C trace context the request came with, which a tracing vLLM continues
         # (--otlp-traces-endpoint): echoed so a test can see what reached the server.
         parent = request.headers.get("traceparent")

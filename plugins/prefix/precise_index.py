@@ -142,11 +142,34 @@ class PreciseIndex:
         self._eps: dict[str, _Blocks] = {}
         # (expiry, endpoint, hashes) in expiry order (one TTL, a monotonic clock).
         self._spec_queue: deque[tuple[float, str, Sequence[int]]] = deque()
+        # Data-parallel servers: a second index keyed by `rank_key(endpoint, rank)`,
+        # made when the first batch from a rank above 0 arrives, and the endpoints seen
+        # with one. Single-rank servers never create it.
+        self.ranked: PreciseIndex | None = None
+        self._dp_endpoints: set[str] = set()
+
+    def ranks_index(self) -> PreciseIndex:
+        """`ranked`, made on first use (the rank picker's speculative entries)."""
+        if self.ranked is None:
+            self.ranked = PreciseIndex(self.cap, self.clock, self.tiers.weights)
+        return self.ranked
 
     # ---- events -------------------------------------------------------------
     def on_batch(self, endpoint: str, model: str, batch: EventBatch) -> None:
-        """The subscriber's handler: apply a batch's events in order."""
+        """The subscriber's handler: apply a batch's events in order.
+
+        The endpoint-level entry holds every rank's blocks (the endpoint is scored as
+        one server: a prefix held by any rank is a hit there). A batch from a
+        data-parallel rank (`data_parallel_rank` > 0, or any rank of an endpoint seen
+        with one) is also applied under its (endpoint, rank) key in `ranked`, which the
+        rank picker reads.
+        """
         self.apply(endpoint, model, batch.events)
+        rank = batch.data_parallel_rank
+        if rank is None or (rank == 0 and endpoint not in self._dp_endpoints):
+            return
+        self._dp_endpoints.add(endpoint)
+        self.ranks_index().apply(rank_key(endpoint, rank), model, batch.events)
 
     def apply(self, endpoint: str, model: str, events: Iterable[KVEvent]) -> None:
         for ev in events:
@@ -333,16 +356,27 @@ class PreciseIndex:
         return len(st.e2o) if st is not None else 0
 
     def retain(self, endpoints: Iterable[str]) -> list[str]:
-        """Forget endpoints that left the pool; returns those dropped."""
+        """Forget endpoints that left the pool (and their ranks); returns those dropped."""
         keep = set(endpoints)
-        gone = [name for name in self._eps if name not in keep]
+        gone = [name for name in self._eps if name.partition(_RANK_SEP)[0] not in keep]
         for name in gone:
             del self._eps[name]
+        self._dp_endpoints &= keep
+        if self.ranked is not None:
+            self.ranked.retain(keep)
         return gone
 
     @property
     def endpoints(self) -> list[str]:
         return list(self._eps)
+
+
+_RANK_SEP = "\x1f"
+
+
+def rank_key(endpoint: str, rank: int) -> str:
+    """The `ranked` index's key for one data-parallel rank of an endpoint."""
+    return f"{endpoint}{_RANK_SEP}{rank}"
 
 
 def _salt(ev: BlockStored) -> str | None:

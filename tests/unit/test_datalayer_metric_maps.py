@@ -15,7 +15,7 @@ from epp.datalayer.metric_maps import (
     get_engine,
 )
 from epp.datalayer.promtext import parse
-from epp.datastore import Endpoint, EndpointMetrics
+from epp.datastore import Endpoint, EndpointMetrics, RankLoad
 
 
 def _extract(engine: str, text: str, now: float = 1.0, previous: EndpointMetrics | None = None):
@@ -174,6 +174,8 @@ def test_sglang() -> None:
         cache_block_size=1,
         cache_num_blocks=180000,
         update_time=4.0,
+        # two `dp_rank` series: per-rank load kept for the data-parallel rank picker
+        ranks=(RankLoad(0, 2, 5, 0.2), RankLoad(1, 0, 6, 0.3)),
     )
     assert "sglang:lora_requests_info" not in SGLANG.families
 

@@ -19,7 +19,13 @@ from epp.extproc import messages as m
 from epp.extproc.handoff import JOIN_TIMEOUT, RouteTable
 from epp.extproc.observer import ObserverStream
 from epp.extproc.stream import Phase, RequestStream
-from epp.headers import DESTINATION_ENDPOINT, PREFILLER_HOST_PORT, REQUEST_ID, ROUTE_ID
+from epp.headers import (
+    DATA_PARALLEL_RANK,
+    DESTINATION_ENDPOINT,
+    PREFILLER_HOST_PORT,
+    REQUEST_ID,
+    ROUTE_ID,
+)
 from epp.scheduling.registry import Handle
 from tests.unit.test_stream import BASE_HEADERS, body_msg, headers_msg
 from tests.unit.test_stream_response import (
@@ -88,7 +94,7 @@ def test_routing_sets_the_route_id_and_parks_the_hold_until_the_observer_ends_it
                 "content-length": str(len(BODY)),
                 ROUTE_ID: route_id,
             },
-            [PREFILLER_HOST_PORT],
+            [PREFILLER_HOST_PORT, DATA_PARALLEL_RANK],
         ),
         clear_route_cache=True,
         metadata=m.destination_metadata(["10.0.0.1:8000"]),

@@ -15,6 +15,7 @@ from epp.director import Director
 from epp.extproc import messages as m
 from epp.extproc.stream import PARSE_OFF_LOOP_BYTES, Phase, RequestStream
 from epp.headers import (
+    DATA_PARALLEL_RANK,
     DESTINATION_ENDPOINT,
     DESTINATION_SUBSET,
     LB_METADATA_NAMESPACE,
@@ -75,7 +76,7 @@ def expected_headers_response(dest: str, extra: dict[str, str], length: int | No
     if length is not None:
         set_headers["content-length"] = str(length)
     return m.headers_response(
-        m.header_mutation(set_headers, [PREFILLER_HOST_PORT]),
+        m.header_mutation(set_headers, [PREFILLER_HOST_PORT, DATA_PARALLEL_RANK]),
         clear_route_cache=True,
         metadata=m.destination_metadata([dest]),
     )
@@ -125,14 +126,19 @@ def test_large_body_is_returned_in_62000_byte_streamed_chunks():
 def test_client_routing_headers_are_overwritten_and_removed():
     director, _ = make_director()
     s = RequestStream(director, 1 << 20)
-    hdrs = {**BASE_HEADERS, DESTINATION_ENDPOINT: "6.6.6.6:1", PREFILLER_HOST_PORT: "6.6.6.6:2"}
+    hdrs = {
+        **BASE_HEADERS,
+        DESTINATION_ENDPOINT: "6.6.6.6:1",
+        PREFILLER_HOST_PORT: "6.6.6.6:2",
+        DATA_PARALLEL_RANK: "3",
+    }
     s.handle(headers_msg(hdrs))
     out = s.handle(body_msg(BODY, True))
     mut = out[0].request_headers.response.header_mutation
     dest = [h.header.raw_value for h in mut.set_headers if h.header.key == DESTINATION_ENDPOINT]
     assert dest[0] != b"6.6.6.6:1"
     assert mut.set_headers[0].append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-    assert list(mut.remove_headers) == [PREFILLER_HOST_PORT]
+    assert list(mut.remove_headers) == [PREFILLER_HOST_PORT, DATA_PARALLEL_RANK]
 
 
 def test_request_id_generated_and_injected_when_absent():
