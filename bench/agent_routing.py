@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from epp.composition import install_plugins  # noqa: E402
-from epp.harness.bench_cli import load_path  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +34,8 @@ def main() -> None:
     ap.add_argument("--groups", default="24")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
-    rv = load_path(ROOT / "bench" / "routing_virtual.py", "epp_bench_routing_virtual")
+    from bench import routing_virtual as rv
+
     rm = rv.routing_module()
     agent = rm.agent_module()
     p = argparse.ArgumentParser()
