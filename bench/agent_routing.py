@@ -14,9 +14,7 @@ import argparse
 import copy
 import json
 import os
-import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,8 +86,7 @@ def main() -> None:
 
         doc = Result.measured(
             "agent_routing",
-            "Agent sessions (half over /v1/messages): hit rate vs ideal, "
-            "TTFT p90 vs round-robin",
+            "Agent sessions (half over /v1/messages): hit rate vs ideal, TTFT p90 vs round-robin",
             f".venv/bin/python bench/agent_routing.py --setups {a.setups} "
             f"--rates {a.rates} --stage-s {a.stage_s} --warmup-s {a.warmup_s} --groups {a.groups}",
             cols,

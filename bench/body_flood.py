@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlparse

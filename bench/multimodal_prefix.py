@@ -27,11 +27,8 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import random
-import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp

@@ -141,7 +141,9 @@ def write_json(args: argparse.Namespace, after: list, before: list | None) -> No
         "planner_replay_speed",
         "Replay speed: a ServeGen day through static pools, requests per CPU second",
         " ".join(["python", "bench/planner_replay.py", *sys.argv[1:]]),
-        ["code", "replicas", "requests", "CPU s", "engine steps", "requests/s"], rows, load=load,
+        ["code", "replicas", "requests", "CPU s", "engine steps", "requests/s"],
+        rows,
+        load=load,
     ).write(args.json)
 
 

@@ -27,12 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path

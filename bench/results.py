@@ -124,11 +124,8 @@ def command_line(argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     if argv and argv[0].startswith("epp bench"):
         return " ".join(argv)
-    if argv and Path(argv[0]).is_absolute():
-        try:
-            argv[0] = str(Path(argv[0]).relative_to(ROOT))
-        except ValueError:
-            pass
+    if argv and Path(argv[0]).is_absolute() and Path(argv[0]).is_relative_to(ROOT):
+        argv[0] = str(Path(argv[0]).relative_to(ROOT))
     return " ".join(["python", *argv])
 
 

@@ -25,7 +25,7 @@ import aiohttp
 from epp.harness.localstack import LocalStack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
-from bench.results import Result, command_line, load_span  # noqa: E402
+from bench.results import Result, command_line, load_span
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ import math
 import random
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.slo_configs import NO_PREDICTOR, add_workload_args  # noqa: E402
 from epp.config.variants import write_without_predictor  # noqa: E402
-
 from epp.sim.slo_workloads import FAMILY_SEED, SloWorkload, family, split  # noqa: E402
+
 
 def namespace(
     w: SloWorkload, base: argparse.Namespace, rate: float, run: int

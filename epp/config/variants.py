@@ -20,6 +20,7 @@ PREDICTOR_TYPES = frozenset(
     {"predicted-latency-producer", "slo-headroom-tier-filter", "latency-scorer"}
 )
 
+
 def without_predictor(config: dict) -> dict:
     """`config` (a parsed EndpointPickerConfig) with the predictor's plugins removed."""
     drop = {p.get("name", p["type"]) for p in config["plugins"] if p["type"] in PREDICTOR_TYPES}

@@ -41,8 +41,15 @@ def test_every_bench_module_with_a_main_is_registered():
 
 
 def test_the_package_ships_bench():
-    text = (ROOT / "pyproject.toml").read_text()
-    assert '"bench*"' in text.split("[tool.setuptools.packages.find]")[1].split("[")[0]
+    """What setuptools packages from pyproject's `packages.find` includes bench, so `epp
+    bench NAME` runs from an install."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped = find_packages(str(ROOT), include=find["packages"]["find"]["include"])
+    assert "bench" in shipped and "epp" in shipped
 
 
 def test_list_names_every_suite_and_what_it_needs():

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from epp.config.variants import PREDICTOR_TYPES, without_predictor, write_without_predictor
 from epp.composition import install_plugins
 from epp.config.loader import load_config_file
+from epp.config.variants import PREDICTOR_TYPES, without_predictor, write_without_predictor
 from epp.scheduling.registry import Handle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ step started, and the latency predictor saw an idle endpoint behind a 300 ms ste
 
 from types import SimpleNamespace
 
-from epp.sim.epp_view import epp_view, finished_by
 from epp.datastore import EndpointMetrics
 from epp.sim.config import SimConfig
+from epp.sim.epp_view import epp_view, finished_by
 from epp.sim.virtual import VirtualEngine
 
 # 0.2 ms per prefill token, 10 ms per decode step, no other step cost: a 1,500-token
