@@ -119,11 +119,9 @@ def load_span(before: tuple[float, ...], after: tuple[float, ...]) -> str:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """How this run was started, to run it again: `epp bench NAME ...` under the runner,
-    else `python bench/X.py ...`."""
+    """How this run was started, to run it again: `python bench/X.py ...` (under `epp
+    bench` too: runpy puts the module's file in argv[0])."""
     argv = list(sys.argv if argv is None else argv)
-    if argv and argv[0].startswith("epp bench"):
-        return " ".join(argv)
     if argv and Path(argv[0]).is_absolute() and Path(argv[0]).is_relative_to(ROOT):
         argv[0] = str(Path(argv[0]).relative_to(ROOT))
     return " ".join(["python", *argv])
