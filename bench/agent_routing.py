@@ -14,16 +14,14 @@ import argparse
 import copy
 import json
 import os
-import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results import Result  # noqa: E402
 from epp.composition import install_plugins  # noqa: E402
-from epp.harness.bench_cli import load_path  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +33,8 @@ def main() -> None:
     ap.add_argument("--groups", default="24")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
-    rv = load_path(ROOT / "bench" / "routing_virtual.py", "epp_bench_routing_virtual")
+    from bench import routing_virtual as rv
+
     rm = rv.routing_module()
     agent = rm.agent_module()
     p = argparse.ArgumentParser()
@@ -85,22 +84,14 @@ def main() -> None:
             ok = rows and all(t[5] is not None and t[5] >= 0.95 for t in rows)
             return "met" if ok else "missed"
 
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        doc = {
-            "suite": "agent_routing",
-            "title": "Agent sessions (half over /v1/messages): hit rate vs ideal, "
-            "TTFT p90 vs round-robin",
-            "command": f".venv/bin/python bench/agent_routing.py --setups {a.setups} "
+        doc = Result.measured(
+            "agent_routing",
+            "Agent sessions (half over /v1/messages): hit rate vs ideal, TTFT p90 vs round-robin",
+            f".venv/bin/python bench/agent_routing.py --setups {a.setups} "
             f"--rates {a.rates} --stage-s {a.stage_s} --warmup-s {a.warmup_s} --groups {a.groups}",
-            "git_commit": commit,
-            "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
-            "(virtual time: the figures do not depend on it)",
-            "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-            "columns": cols,
-            "rows": table,
-            "notes": (
+            cols,
+            table,
+            (
                 f"{len(reqs)} requests from {sessions} coding-agent sessions ({a.groups} at "
                 "once; 10-40 turns, each appending a 200-2,000-token tool result; longest "
                 f"prompt {longest} tokens), even sessions over /v1/chat/completions, odd ones "
@@ -118,7 +109,9 @@ def main() -> None:
                 "tens of sessions instead of a few hundred, no vllm-router (needs its binary "
                 "and real time), no real-vLLM run."
             ),
-        }
+            load=f"load average {os.getloadavg()[0]:.1f} "
+            "(virtual time: the figures do not depend on it)",
+        ).to_json()
         a.json_out.write_text(json.dumps(doc, indent=1) + "\n")
 
 

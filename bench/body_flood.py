@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from bench.results import Result
 from epp.harness.body_flood import attack_sources, good_traffic, hold_bodies, rss_bytes
 from epp.harness.localstack import LocalStack
 
@@ -90,11 +89,6 @@ async def rss_probe(stack: LocalStack, conns: int, mib: int, spread: bool) -> di
     }
 
 
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip()
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--conns", type=int, default=32)
@@ -130,31 +124,24 @@ async def main() -> None:
             ]
             print(row, r["error_statuses"], flush=True)
             rows.append(row)
-    load = os.getloadavg()
-    result = {
-        "suite": "body_flood",
-        "title": "Holding request bodies: one client against everyone else",
-        "command": "bench/body_flood.py "
-        + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v
-        ),
-        "git_commit": git_commit(),
-        "machine": f"{os.cpu_count()} cores, shared; load average {load[0]:.1f}",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "columns": [
-            "budget",
-            "attacker",
-            "bodies held",
-            "bodies refused",
-            "good sent",
-            "good errors",
-            f"held of {args.rss_conns}x{args.rss_mib} MiB",
-            "RSS peak rise MiB",
-            "RSS rise 5 s after MiB",
-        ],
-        "rows": rows,
-        "notes": "",
-    }
+    command = "bench/body_flood.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out" and v
+    )
+    columns = [
+        "budget",
+        "attacker",
+        "bodies held",
+        "bodies refused",
+        "good sent",
+        "good errors",
+        f"held of {args.rss_conns}x{args.rss_mib} MiB",
+        "RSS peak rise MiB",
+        "RSS rise 5 s after MiB",
+    ]
+    result = Result.measured(
+        "body_flood", "Holding request bodies: one client against everyone else", command,
+        columns, rows,
+    ).to_json()  # fmt: skip
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

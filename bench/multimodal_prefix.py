@@ -27,15 +27,13 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import random
-import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 
+from bench.results import Result
 from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
 from epp.harness.procs import HttpReady, ProcessGroup, free_port
 from epp.request import new_request, parse_body
@@ -182,9 +180,6 @@ def main() -> None:
     s = summarise(result["rows"])
     print(json.dumps(s, indent=1))
     if args.json_out:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
         cols = ["when", "predicted cached tokens", "server's cached tokens", "over-predicted",
                 "under-predicted", "requests predicted exactly"]  # fmt: skip
         rows = [
@@ -192,16 +187,13 @@ def main() -> None:
              f"{s[k]['exact_requests']}/{s['requests']}"]
             for k in ("before", "after")
         ]  # fmt: skip
-        doc = {
-            "suite": "multimodal_prefix",
-            "title": "Approximate prefix index vs the server's hits: shared text, different images",
-            "command": f".venv/bin/python bench/multimodal_prefix.py --images {args.images}",
-            "git_commit": commit,
-            "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}",
-            "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-            "columns": cols,
-            "rows": rows,
-            "notes": (
+        doc = Result.measured(
+            "multimodal_prefix",
+            "Approximate prefix index vs the server's hits: shared text, different images",
+            f".venv/bin/python bench/multimodal_prefix.py --images {args.images}",
+            cols,
+            rows,
+            (
                 f"{s['requests']} requests, half chat and half Messages ({args.images} images, "
                 "each sent twice, shuffled), sharing a long question, to one `epp sim` "
                 "that keys image "
@@ -213,7 +205,7 @@ def main() -> None:
                 "server's hit stops, and identical images share. Target (predicted = actual): "
                 + ("met." if s["after"]["over"] == 0 and s["after"]["under"] == 0 else "missed.")
             ),
-        }
+        ).to_json()
         args.json_out.write_text(json.dumps(doc, indent=1) + "\n")
 
 

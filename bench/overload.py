@@ -48,8 +48,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epp.harness.localstack import LocalStack
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling bench modules
-from results_json import write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from bench.results import Result, command_line, load_span
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "x-gateway-inference-objective"
@@ -259,10 +259,11 @@ def results_table(
         ]
         for setup, r in med.items()
     ]
-    write_results(
-        a.results, "Overload with in-flight eviction on and off", columns, rows, "",
-        load_before, load_after, capacity_rps=[round(c, 2) for c in capacities],
-    )  # fmt: skip
+    Result.measured(
+        Path(a.results).stem, "Overload with in-flight eviction on and off", command_line(),
+        columns, rows, load=load_span(load_before, load_after),
+        capacity_rps=[round(c, 2) for c in capacities],
+    ).write(a.results)  # fmt: skip
 
 
 def main() -> None:

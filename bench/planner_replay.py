@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("EPP_SOURCE_TREE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
+from bench.results import Result  # noqa: E402
 from epp.planner.offline.pool import PoolShape, Spares  # noqa: E402
 from epp.planner.offline.replay import replay  # noqa: E402
 from epp.planner.offline.static import StaticPolicy  # noqa: E402
@@ -135,20 +136,15 @@ def write_json(args: argparse.Namespace, after: list, before: list | None) -> No
     if before is not None:
         base = _git("rev-parse", "--short", "HEAD", cwd=args.baseline)
         rows = [[base, *r] for r in before] + rows
-    load = os.getloadavg()[0]
-    doc = {
-        "suite": "planner_replay_speed",
-        "title": "Replay speed: a ServeGen day through static pools, requests per CPU second",
-        "command": " ".join(["python", "bench/planner_replay.py", *sys.argv[1:]]),
-        "git_commit": _git("rev-parse", "HEAD"),
-        "machine": f"{os.cpu_count()} CPUs, load average {load:.1f} at the end",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "columns": ["code", "replicas", "requests", "CPU s", "engine steps", "requests/s"],
-        "rows": rows,
-        "notes": "",
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    load = f"load average {os.getloadavg()[0]:.1f} at the end"
+    Result.measured(
+        "planner_replay_speed",
+        "Replay speed: a ServeGen day through static pools, requests per CPU second",
+        " ".join(["python", "bench/planner_replay.py", *sys.argv[1:]]),
+        ["code", "replicas", "requests", "CPU s", "engine steps", "requests/s"],
+        rows,
+        load=load,
+    ).write(args.json)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +36,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.results import Result, git_commit, machine, today
 from epp.harness.envoy import (
     EnvoyOptions,
     _http_filters,
@@ -226,17 +223,6 @@ def latency(stack: LocalStack, args: argparse.Namespace) -> dict[str, dict[str, 
     return out
 
 
-def machine() -> str:
-    load = os.getloadavg()
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load[0]:.1f}"
-
-
-def git_commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=40)
@@ -287,7 +273,7 @@ def write_envoy(args: argparse.Namespace, command: str, cost: dict) -> None:
             "command": command,
             "git_commit": git_commit(),
             "machine": machine(),
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+            "date": today(),
             "columns": ["Envoy (round-robin, no EPP)", "stream 16 µs/req", "stream 512 µs/req"],
             "rows": rows,
             "notes": (
@@ -309,8 +295,8 @@ def write(args: argparse.Namespace, command: str, cpu: dict, lat: dict, loads: l
     common = {
         "command": command,
         "git_commit": git_commit(),
-        "machine": machine() + f" (load during the runs: {', '.join(f'{x:.1f}' for x in loads)})",
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "machine": machine(f"load average during the runs: {', '.join(f'{x:.1f}' for x in loads)}"),
+        "date": today(),
     }
     modes = list(cpu)
     workloads = list(cpu[modes[0]])
@@ -401,9 +387,7 @@ def write(args: argparse.Namespace, command: str, cpu: dict, lat: dict, loads: l
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {Result(**data).write(path)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ which scripts/benchmarks_page.py turns into docs/BENCHMARKS.md.
     {"suite", "title", "command", "git_commit", "machine", "date",
      "columns": [...], "rows": [[...], ...], "notes": markdown}
 
-`Result.measured(...)` fills the commit, machine and date from where it runs, so a suite
-only states what it measured and how to run it again.
+`Result.measured(...)` fills the commit, machine (and its load) and date from where it
+runs, so a suite only states what it measured and how to run it again; `extra` keys (raw
+figures a table leaves out) are kept after the schema's fields.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,20 +56,26 @@ class Result:
     @classmethod
     def measured(
         cls, suite: str, title: str, command: str, columns: list[str], rows: list[list[object]],
-        notes: str = "",
+        notes: str = "", *, load: str = "", **extra: object,
     ) -> Result:  # fmt: skip
-        return cls(suite, title, command, git_commit(), machine(), today(), columns, rows, notes)
+        """`load` replaces the load average read now (e.g. `load_span(before, after)`)."""
+        return cls(
+            suite, title, command, git_commit(), machine(load), today(), columns, rows, notes,
+            dict(extra),
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
         data = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"
         }
         check(data, f"{self.suite}.json")
-        return data
+        return {**data, **{k: v for k, v in self.extra.items() if k not in data}}
 
-    def write(self, directory: Path = RESULTS) -> Path:
-        path = directory / f"{self.suite}.json"
-        directory.mkdir(parents=True, exist_ok=True)
+    def write(self, to: Path | str = RESULTS) -> Path:
+        """To `to`/<suite>.json, or to `to` itself when it names a .json file."""
+        to = Path(to)
+        path = to if to.suffix == ".json" else to / f"{self.suite}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
         return path
 
@@ -97,9 +105,26 @@ def git_commit() -> str:
     return out.stdout.strip()
 
 
-def machine() -> str:
-    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-    return f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}{load}"
+def machine(load: str = "") -> str:
+    """CPUs, architecture, Python and the load average (now, unless `load` says it)."""
+    if not load and hasattr(os, "getloadavg"):
+        load = f"load average {os.getloadavg()[0]:.1f}"
+    tail = f", {load}" if load else ""
+    return f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}{tail}"
+
+
+def load_span(before: tuple[float, ...], after: tuple[float, ...]) -> str:
+    """The 1-minute load average before and after a run (the machine is shared)."""
+    return f"load average {before[0]:.1f} before, {after[0]:.1f} after"
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """How this run was started, to run it again: `python bench/X.py ...` (under `epp
+    bench` too: runpy puts the module's file in argv[0])."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and Path(argv[0]).is_absolute() and Path(argv[0]).is_relative_to(ROOT):
+        argv[0] = str(Path(argv[0]).relative_to(ROOT))
+    return " ".join(["python", *argv])
 
 
 def today() -> str:

@@ -24,8 +24,8 @@ import aiohttp
 
 from epp.harness.localstack import LocalStack
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling bench modules
-from results_json import write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+from bench.results import Result, command_line, load_span
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,11 +112,11 @@ def main() -> None:
             f"{kept} of {len(again)} retried ids (same x-request-id) kept their target "
             f"(upstream picks with rand.Intn, so a retry may switch models). {other} failed."
         )
-        write_results(
-            a.results, "Weighted InferenceModelRewrite through Envoy: split and retries",
-            ["target", "weight share", "requests", "measured share", "off by"], rows, notes,
-            load_before, load_after,
-        )  # fmt: skip
+        Result.measured(
+            Path(a.results).stem, "Weighted InferenceModelRewrite through Envoy: split and retries",
+            command_line(), ["target", "weight share", "requests", "measured share", "off by"],
+            rows, notes, load=load_span(load_before, load_after),
+        ).write(a.results)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ import aiohttp
 from epp.harness.localstack import LocalStack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.slo_configs import NO_PREDICTOR, add_workload_args, write_without_predictor
+from bench.slo_configs import NO_PREDICTOR, add_workload_args
+from epp.config.variants import write_without_predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {

@@ -40,16 +40,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.predictor_accuracy import epp_view, finished_by, scrape  # noqa: E402
-from bench.slo_configs import NO_PREDICTOR, add_workload_args, write_without_predictor  # noqa: E402
+from bench.slo_configs import NO_PREDICTOR, add_workload_args  # noqa: E402
 from epp.composition import install_plugins  # noqa: E402
 from epp.config.loader import load_config_file, load_default_config  # noqa: E402
+from epp.config.variants import write_without_predictor  # noqa: E402
 from epp.datastore import EndpointMetrics  # noqa: E402
 from epp.records import RequestRecord  # noqa: E402
 from epp.request import InferenceRequest, new_request, parse_body  # noqa: E402
 from epp.scheduling.registry import Handle  # noqa: E402
 from epp.scheduling.types import ProfileResult, SchedulingResult  # noqa: E402
 from epp.sim.config import SimConfig  # noqa: E402
+from epp.sim.epp_view import epp_view, finished_by, scrape  # noqa: E402
 from epp.sim.virtual import Finished, VirtualEngine  # noqa: E402
 from plugins.latency.info import LATENCY_PREDICTION_KEY, LatencyPredictionInfo  # noqa: E402
 

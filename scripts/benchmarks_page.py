@@ -50,6 +50,9 @@ machine, the date and the commit it was measured on. Earlier runs, ablations and
 discussion are in git: `git show a73a134:docs/BENCHMARKS.md` is the last lab-notebook
 version, which the other documents cite as `docs/BENCHMARKS.md@a73a134`.
 
+`epp bench --list` lists every suite, what it needs and whether it reads a source
+checkout; `epp bench NAME --help` gives its flags.
+
 Unless a table says otherwise the machine is a shared 2-vCPU VM: CPU-time and
 instruction-count figures are the robust ones; wall-clock latencies depend on the load
 average given.

@@ -1,9 +1,10 @@
 """`epp bench NAME [its flags]`: run a benchmark suite of bench/ (`epp bench --list`).
 
-The suites live in the source checkout's bench/ package (`bench.SUITES` registers each
-once); they start this checkout's processes and read its config/ and deploy/, so `epp
-bench` runs from a checkout. A suite runs as its own script would (`python -m bench.X`):
-its flags are its own (`epp bench routing --help`).
+The suites live in the `bench` package, which ships with `epp` (`bench.SUITES` registers
+each once). Those that read a source checkout's config/, deploy/, tests/ or the traces
+beside it say so in `--list`, and refuse to start from an install with the fix named. A
+suite runs as its own script would (`python -m bench.X`): its flags are its own (`epp
+bench routing --help`).
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def suites() -> dict:
-    """`bench.SUITES`, with the checkout on the path; SystemExit naming the fix if this
-    `epp` was installed without one."""
-    if not (CHECKOUT / "bench" / "__init__.py").exists():
-        raise SystemExit(
-            "epp bench: the benchmarks are in the source checkout's bench/; run epp from a "
-            "checkout (pip install -e .)"
-        )
-    if str(CHECKOUT) not in sys.path:
+    """`bench.SUITES`: the installed package's, or the checkout's beside this `epp`."""
+    if (CHECKOUT / "bench" / "__init__.py").exists() and str(CHECKOUT) not in sys.path:
         sys.path.insert(0, str(CHECKOUT))
     from bench import SUITES
 
     return SUITES
+
+
+def in_checkout() -> bool:
+    """Whether the `bench` package sits in a source checkout (config/ and deploy/ beside it)."""
+    import bench
+
+    root = Path(bench.__file__).resolve().parents[1]
+    return (root / "config").is_dir() and (root / "deploy").is_dir()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +51,11 @@ def listing() -> str:
     rows = []
     for name, suite in sorted(suites().items()):
         line = f"{name:<20} {suite.summary()}  [bench/{suite.module}.py]"
-        rows.append(line + (f"\n{'':<20} needs: {suite.needs}" if suite.needs else ""))
+        if suite.needs:
+            line += f"\n{'':<20} needs: {suite.needs}"
+        if suite.checkout:
+            line += f"\n{'':<20} needs the source checkout: {suite.checkout}"
+        rows.append(line)
     return "\n".join(rows)
 
 
@@ -65,6 +72,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"epp bench: unknown suite {args.benchmark!r}; one of: {known}", file=sys.stderr)
         return 2
     suite = table[args.benchmark]
+    if suite.checkout and not in_checkout():
+        print(
+            f"epp bench {args.benchmark}: reads {suite.checkout} from a source checkout; run it "
+            "from one (git clone, then pip install -e .)",
+            file=sys.stderr,
+        )
+        return 2
     sys.argv = [f"epp bench {args.benchmark}", *args.bench_args]
     try:
         runpy.run_module(f"bench.{suite.module}", run_name="__main__", alter_sys=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import SUITES
 from epp.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +46,8 @@ def test_every_command_is_in_the_tree():
             assert (ROOT / path).exists(), f"{r['suite']}: {path} is not in the tree"
         for sub in re.findall(r"(?:^|\s|/)epp ([a-z-]+)", r["command"]):
             assert sub in COMMANDS, f"{r['suite']}: no `epp {sub}` command"
+        for name in re.findall(r"\bepp bench ([a-z-]+)", r["command"]):
+            assert name in SUITES, f"{r['suite']}: no `epp bench {name}` suite"
         for target in re.findall(r"\bmake ([a-z-]+)", r["command"]):
             makefile = (ROOT / "Makefile").read_text()
             assert re.search(rf"^{target}:", makefile, re.M), f"{r['suite']}: no make {target}"

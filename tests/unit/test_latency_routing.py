@@ -161,7 +161,7 @@ def _slo_scheduler(path: Path):
 def test_slo_config_learns_a_2x_slower_server_in_min_samples_and_prefers_the_fast_one(tmp_path):
     import random
 
-    from bench.slo_configs import write_without_predictor
+    from epp.config.variants import write_without_predictor
     from epp.request import new_request, parse_body
 
     path = Path(__file__).parents[2] / "config" / "slo.yaml"

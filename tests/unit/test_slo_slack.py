@@ -150,7 +150,7 @@ def test_requests_without_targets_route_as_the_default_config():
 
 
 def test_the_split_is_fixed_by_seed_and_disjoint():
-    from bench.slo_family import FAMILY_SEED, SPLIT_SEED, family, split
+    from epp.sim.slo_workloads import FAMILY_SEED, SPLIT_SEED, family, split
 
     one, two = split(family(FAMILY_SEED)), split(family(FAMILY_SEED))
     assert one == two  # reproducible: the same workloads, the same halves

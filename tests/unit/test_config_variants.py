@@ -1,4 +1,4 @@
-"""bench/slo_configs.py: `config/slo.yaml` without its predictor, the anchor's baseline
+"""epp.config.variants: `config/slo.yaml` without its predictor, the anchor's baseline
 ("the same stack without the predictor") in both SLO benchmarks."""
 
 import random
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from bench.slo_configs import PREDICTOR_TYPES, without_predictor, write_without_predictor
 from epp.composition import install_plugins
 from epp.config.loader import load_config_file
+from epp.config.variants import PREDICTOR_TYPES, without_predictor, write_without_predictor
 from epp.scheduling.registry import Handle
 
 ROOT = Path(__file__).resolve().parents[2]

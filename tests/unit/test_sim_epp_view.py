@@ -1,5 +1,5 @@
-"""The virtual-time benches' view of the EPP (bench/predictor_accuracy.py `epp_view`,
-`finished_by`, used by bench/slo_virtual.py too) must not see the future.
+"""The virtual-time benches' view of the EPP (`epp.sim.epp_view`, used by
+bench/predictor_accuracy.py and bench/slo_virtual.py) must not see the future.
 
 `VirtualEngine.advance_to(t)` carries out the step in progress whole, so the engine's
 state at `t` already holds that step's tokens, stamped with the step's end. The EPP learns
@@ -9,9 +9,9 @@ step started, and the latency predictor saw an idle endpoint behind a 300 ms ste
 
 from types import SimpleNamespace
 
-from bench.predictor_accuracy import epp_view, finished_by
 from epp.datastore import EndpointMetrics
 from epp.sim.config import SimConfig
+from epp.sim.epp_view import epp_view, finished_by
 from epp.sim.virtual import VirtualEngine
 
 # 0.2 ms per prefill token, 10 ms per decode step, no other step cost: a 1,500-token
