@@ -20,6 +20,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.flowcontrol.policies",
     "plugins.filters.prefix_affinity",
     "plugins.filters.roles",
+    "plugins.latency.externality",
     "plugins.latency.producer",
     "plugins.latency.scorer",
     "plugins.latency.slack",
