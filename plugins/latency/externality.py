@@ -55,6 +55,11 @@ class SloExternalityParams:
     prefill_tokens_per_second: float = param(
         15928.0, min=1.0, doc="prefill throughput used to turn a prompt into prefill time"
     )
+    guard: bool = param(
+        True,
+        doc="harm orders endpoints only within the request's own band (an endpoint that "
+        "meets its targets always outranks one that misses them); false: band − weight × harm",
+    )
     max_age_s: float = param(
         120.0, min=0.001, doc="an in-flight entry not reported finished by then is forgotten"
     )
@@ -99,7 +104,11 @@ class SloExternalityScorer(Plugin):
             harm = max(0, prompt - cached) * ms_per_token * self.tight.get(e.name, 0.0)
             own = slack(info, e.name)
             band = 1.0 if own >= 0 else NEUTRAL * (1.0 - max(own, FLOOR_SLACK) / FLOOR_SLACK)
-            out.append(max(0.0, band - w * harm))
+            if self.params.guard:  # 1/(1 + w·harm) keeps each band's range
+                keep = 1.0 / (1.0 + w * harm)
+                out.append(NEUTRAL + NEUTRAL * keep if band == 1.0 else band * keep)
+            else:
+                out.append(max(0.0, band - w * harm))
         return out
 
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:

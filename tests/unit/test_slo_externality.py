@@ -63,3 +63,20 @@ def test_loose_requests_in_flight_are_not_protected_and_no_targets_is_neutral():
     assert scorer.score(state(long), long, [A, B]) == [1.0, 1.0]
     bare = parse_body(new_request({}, "/v1/completions", "POST"), b'{"model":"m","prompt":"x"}')
     assert scorer.score(CycleState(), bare, [A, B]) == [0.5, 0.5]
+
+
+def test_the_guard_never_trades_the_requests_own_target_for_the_others():
+    # A meets the long request's target but has tight requests in flight; B would miss it
+    scorer = plugin("slo-externality-scorer", {"harmWeight": 100})
+    for i in range(5):
+        route(scorer, request(20, 100, 20, rid=f"chat{i}"), A)
+    long = request(8000, 2000, rid="long")
+    st = CycleState()
+    preds = {"a": LatencyPrediction(500, 10, True), "b": LatencyPrediction(2500, 10, True)}
+    st.write(LATENCY_PREDICTION_KEY, LatencyPredictionInfo(preds, 2000.0, None))
+    a, b = scorer.score(st, long, [A, B])
+    assert 0.5 < a < 1.0 and b < 0.5  # harm lowers A within the safe band, never below B
+    unguarded = plugin("slo-externality-scorer", {"harmWeight": 100, "guard": False})
+    unguarded.ledger, unguarded.tight = scorer.ledger, scorer.tight
+    ua, ub = unguarded.score(st, long, [A, B])
+    assert ua < ub  # without the guard the harm can outweigh the request's own miss
