@@ -130,10 +130,11 @@ def test_equal_slack_is_broken_by_in_flight_tokens_as_documented():
     assert picks == {"b"}
 
 
-def test_requests_without_targets_route_as_the_default_config():
+@pytest.mark.parametrize("config", ["slo-slack.yaml", "slo-externality.yaml"])
+def test_requests_without_targets_route_as_the_default_config(config):
     from epp.config.loader import load_default_config
 
-    slack = load_config_file(ROOT / "config" / "slo-slack.yaml", Handle(rng=random.Random(0)))
+    slack = load_config_file(ROOT / "config" / config, Handle(rng=random.Random(0)))
     default = load_default_config(Handle(rng=random.Random(0)))
     rng = random.Random(5)
     for _ in range(50):
