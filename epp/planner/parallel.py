@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from epp.planner.offline.compare import Job, Result
 
@@ -52,10 +53,29 @@ def runner(workers: int, done: Done | None = None):
 
 
 def fork_is_safe() -> bool:
-    """Fork is available and this process runs no other Python thread (the numeric
-    libraries' own worker threads are fork-aware; a Python thread holding a lock, such
-    as a server or a scraper left by a test, is what a forked worker can wait on)."""
-    return "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+    """Fork is available and this process runs no other thread that could hold a lock:
+    no other Python thread (a server or a scraper left by a test) and no native runtime
+    thread (ZeroMQ's I/O and reaper threads, gRPC's C core: `threading` does not count
+    them, and a forked worker can wait forever on a lock one of them held at the fork).
+    Native runtimes name their threads; threads that keep the process's own name (the
+    numeric libraries' worker pools, which are fork-aware) do not count."""
+    return (
+        "fork" in multiprocessing.get_all_start_methods()
+        and threading.active_count() == 1
+        and not _named_native_threads()
+    )
+
+
+def _named_native_threads() -> list[str]:
+    """The names of this process's threads that differ from its main thread's (Linux
+    /proc; elsewhere none are seen, and the `threading` check stands alone)."""
+    tasks = Path("/proc/self/task")
+    try:
+        names = [(tasks / t / "comm").read_text().strip() for t in os.listdir(tasks)]
+        main = (tasks / str(os.getpid()) / "comm").read_text().strip()
+    except OSError:
+        return []
+    return [n for n in names if n != main]
 
 
 def _run(i: int) -> Result:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from epp.planner.window import RequestRecord
+from epp.records import RequestRecord
 
 from epp.config.params import param
 from epp.datastore import EndpointSnapshot

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from epp.planner import parallel
+from tests.eventually import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,3 +67,25 @@ def test_a_process_with_threads_replays_in_itself():
     finally:
         stop.set()
         t.join()
+
+
+def test_a_process_with_a_native_runtime_thread_replays_in_itself():
+    """ZeroMQ's I/O threads are invisible to `threading` but can hold a lock at the fork
+    (a forked worker once hung the test runner this way): they keep the replays in one
+    process too."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    try:
+        sock.bind("tcp://127.0.0.1:0")
+        eventually_sync(
+            lambda: any(n.startswith("ZMQbg") for n in parallel._named_native_threads()),
+            "ZeroMQ's I/O threads to start",
+        )
+        assert not parallel.fork_is_safe()
+        ran = parallel.runner(2)([("x", lambda: "one"), ("y", lambda: "two")])
+        assert ran == ["one", "two"]
+    finally:
+        sock.close(linger=0)
+        ctx.term()

@@ -101,7 +101,7 @@ def test_compare_sweep_replays_each_setting_and_dynamo_is_refused(tmp_path, caps
     out = tmp_path / "s.json"
     args = ["plan", "replay", "--trace", str(trace), "--compare", "--quiet", "--sweep",
             "--policies", "static-peak,keda-queue,dynamo", "--preset", "tiny",
-            "--interval", "2", "--startup-s", "1", "--json", str(out)]  # fmt: skip
+            "--interval", "2", "--startup-s", "1", "--jobs", "1", "--json", str(out)]  # fmt: skip
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "dynamo       not run: upstream Dynamo's aggregated planner refuses" in text
