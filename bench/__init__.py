@@ -58,6 +58,9 @@ SUITES: dict[str, Suite] = {
     "planner-pick": Suite(
         "planner_pick", "a profile from `epp profile` and a trace", f"{TRACES} (default trace)"
     ),
+    "planner-frontier": Suite(
+        "planner_frontier", "the --json files of `epp plan replay --compare --sweep`"
+    ),
     "planner-replay": Suite("planner_replay", "a trace (--trace)"),
     "planner-step": Suite("planner_step", checkout=TRACES),
     "predictor-accuracy": Suite("predictor_accuracy"),

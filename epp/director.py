@@ -252,10 +252,13 @@ class Director:
         )
         add_attempt(1)
         add_request(1)
+        # One dict per request, shared by the decision and the result: pre-request hooks
+        # add headers to the result (a DP rank), and the result's own dict may be a shared
+        # default that no request may write into.
+        result.headers = headers = dict(result.headers)
         decision = RoutingDecision(
             destinations=[t.hostport for t in result.primary.targets],
-            # the result's own dict: pre-request hooks may add headers (a DP rank)
-            headers=result.headers,
+            headers=headers,
             result=result,
             labels=(model, target),
         )
