@@ -30,10 +30,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from epp.records import RequestRecord
-
 from epp.config.params import param
 from epp.datastore import EndpointSnapshot
+from epp.records import RequestRecord
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.registry import Handle, register
