@@ -10,8 +10,8 @@ import pytest
 
 from epp.datalayer.metric_maps import extract, get_engine
 from epp.datalayer.promtext import parse
-from epp.harness.procs import free_port
 from epp.headers import DATA_PARALLEL_RANK, SIM_DP_RANK
+from epp.procs import free_port_range
 from epp.sim import SimConfig, SimServer
 from epp.sim.config import KVEventsConfig
 from tests.unit.test_sim_features import Subscriber
@@ -71,7 +71,7 @@ async def test_metrics_list_every_rank_under_one_family_and_read_per_rank(http):
 
 
 async def test_each_rank_publishes_its_kv_events_with_its_rank(http):
-    port = free_port()
+    port = free_port_range(2)  # rank 1 binds port + 1: both must be free
     events = KVEventsConfig.from_dict(
         {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
     )
