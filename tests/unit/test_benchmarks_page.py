@@ -36,8 +36,18 @@ def test_every_headline_is_on_the_page_in_order():
     suites = [r["suite"] for r in results()]
     assert set(page.ORDER) <= set(suites)
     text = page.PAGE.read_text(encoding="utf-8")
-    positions = [text.index(f"## {r['title']}") for r in page.ordered(results())]
+    headlines = [r for r in page.ordered(results()) if r["suite"] in page.ORDER]
+    positions = [text.index(f"## {r['title']}") for r in headlines]
     assert positions == sorted(positions)
+
+
+def test_every_other_result_is_one_supporting_row_linking_its_data():
+    text = page.PAGE.read_text(encoding="utf-8")
+    rest = text[text.index("## Supporting measurements") :]
+    for r in results():
+        if r["suite"] not in page.ORDER:
+            assert f"## {r['title']}" not in text
+            assert f"(data/results/{r['suite']}.json)" in rest, r["suite"]
 
 
 def test_every_command_is_in_the_tree():
