@@ -35,6 +35,7 @@ from epp.planner.offline.static import (
     StaticPolicy,
     mean_segment,
     peak_segments,
+    smallest_ok,
 )
 
 PEAK_BUMPS = 3
@@ -173,25 +174,13 @@ def static_peak(
         while hi - step >= 1 and ok(hi - step):
             hi -= step
             step *= 2
-        lo = max(0, hi - step)  # misses (or 0)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                hi = mid
-            else:
-                lo = mid
-        n = hi
+        n = smallest_ok(max(0, hi - step), hi, ok)  # hi - step misses (or is 0)
     else:
         n = start
         while not ok(n) and n < top:
             n = min(top, n + max(1, n // 4))
-        lo = max(m for m in runs if not ok(m))
-        while n - lo > 1:  # the fewest that meets, between the last miss and n
-            mid = (lo + n) // 2
-            if ok(mid):
-                n = mid
-            else:
-                lo = mid
+        # the fewest that meets, between the last miss and n
+        n = smallest_ok(max(m for m in runs if not ok(m)), n, ok)
     res = at(n)
     how = f"{start} from the busiest intervals"
     if n != start:

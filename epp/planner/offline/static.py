@@ -275,12 +275,7 @@ class Sizer:
 
     def _bisect(self, segment: Segment, lo: int, hi: int, ok: Callable[[int], bool]) -> Sizing:
         """The smallest size in (lo, hi] that is `ok`, given `lo` is not (or 0) and `hi` is."""
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if ok(mid):
-                hi = mid
-            else:
-                lo = mid
+        hi = smallest_ok(lo, hi, ok)
         ttft, itl = self.measure(segment, hi)
         return Sizing(hi, segment, ttft, itl)
 
@@ -332,3 +327,15 @@ class _Shifted:
     isl: int
     osl: int
     hash_ids: tuple[int, ...]
+
+
+def smallest_ok(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """The smallest size in (lo, hi] that is `ok`, by bisection, given `lo` is not (or is
+    0) and `hi` is, and `ok` holds from some size on."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
