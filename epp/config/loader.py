@@ -230,6 +230,7 @@ def build(
     created_for = _create_missing_producers(plugins, handle, registry)
     _check_producer_keys(plugins, configured, created_for)
     handle.plugins.update(plugins)
+    _check_plugin_references(plugins)
     for ref_field in ("saturationDetector", "parser"):
         section = data.get(ref_field)
         if section is not None:
@@ -389,6 +390,19 @@ def _check_producer_keys(
                 "cycle holds one value per key, so one would silently replace the other. "
                 "Keep one producer of that key (and the consumers that need that producer)",
             )
+
+
+def _check_plugin_references(plugins: dict[str, Plugin]) -> None:
+    """A plugin that names another by a parameter (`check_references`) resolves it now, so
+    a wrong name fails at start with the field's path instead of at the first request."""
+    for i, plugin in enumerate(plugins.values()):
+        check = getattr(plugin, "check_references", None)
+        if not callable(check):
+            continue
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(f"plugins[{i}].parameters", str(e)) from None
 
 
 def _producer_label(plugin: Plugin, created_for: dict[str, Plugin]) -> str:

@@ -86,6 +86,11 @@ class DataParallelRankPicker(Plugin):
                 )
         return self._producer
 
+    def check_references(self) -> None:
+        """Called by the config loader once every plugin exists: a wrong `prefixProducer`
+        is a start-up error, not a failure of the first request."""
+        self._prefix_producer()
+
     def pre_request(self, request: InferenceRequest, result: SchedulingResult) -> None:
         target = result.primary.targets[0]
         if not target.metrics.ranks:

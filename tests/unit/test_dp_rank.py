@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from epp.config.errors import ConfigError
+from epp.config.loader import load_config_text
 from epp.config.params import parse_params
 from epp.datalayer.kvevents import KVEventSubscriber
 from epp.datalayer.metric_maps import extract, get_engine
@@ -162,3 +166,23 @@ def test_a_dropped_endpoint_forgets_its_ranks():
     prod.receiver.handle_frames(message("kv@dp@m", 0, [stored_map([11], None, IDS[:4], 4)], rank=2))
     prod.index.retain(["other"])
     assert prod.index.ranked.size(rank_key("dp", 2)) == 0
+
+
+def test_a_wrong_prefix_producer_name_fails_at_config_load_naming_the_field():
+    text = """
+plugins:
+- type: precise-prefix-cache-producer
+  name: kv
+- type: data-parallel-rank-picker
+  parameters: {prefixProducer: kv-typo}
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins: [{pluginRef: max-score-picker}]
+"""
+    with pytest.raises(ConfigError) as e:
+        load_config_text(text)
+    assert "plugins[1].parameters" in str(e.value)
+    assert "'kv-typo' is not a configured precise-prefix-cache-producer" in str(e.value)
+    # the right name loads
+    load_config_text(text.replace("kv-typo", "kv"))
