@@ -62,14 +62,32 @@ class SloTierParams:
         doc="an endpoint is feasible for a request when its targets hold with the "
         "predicted TTFT / TPOT multiplied by this",
     )
+    slow_margin: float = param(
+        0.0,
+        min=0.0,
+        doc="the margin on an endpoint is also divided by its relative speed to this "
+        "power (1: a measured 2x slower endpoint needs predictions to hold with 2x the "
+        "margin; the predictor's errors grow on the slow endpoints)",
+    )
     cap_share: float = param(
         1.0,
         min=0.0,
         doc="a loose request is steered to an endpoint only while its share of the "
         "in-flight tokens is at most this × its share of the pool's measured speed",
     )
+    steer_min_tokens: int = param(
+        0,
+        min=0,
+        doc="a loose request with a shorter prompt is not steered (scores 1 everywhere: "
+        "the other scorers choose); its prefill barely delays anyone's decode",
+    )
     tight_weight: float = param(
         1.0, min=0.0, doc="need = relative speed × (1 + this × tight requests in flight)"
+    )
+    protect_tpot: bool = param(
+        False,
+        doc="also count a loose request with a TPOT target as tight in flight (a prefill "
+        "stalls every decode on its endpoint, whatever the decoding request's class)",
     )
     speed_window: int = param(64, min=4, doc="finished requests per endpoint the speed uses")
     max_age_s: float = param(
@@ -156,13 +174,16 @@ class SloTierScorer(Plugin):
             return [NEUTRAL] * n
         if any(e.name not in info.predictions for e in endpoints):
             return [NEUTRAL] * n
-        ok = [feasible(info, e.name, self.params.margin) for e in endpoints]
+        m, k = self.params.margin, self.params.slow_margin
+        rel = self.speeds.relative
+        ok = [feasible(info, e.name, m * rel(e.name) ** -k if k else m) for e in endpoints]
         count = sum(ok)
         if count == 0:  # deep overload: the default's choice
             return [NEUTRAL] * n
         tight = count < n
-        self._last = (request.request_id, tight)
-        if tight:
+        protect = tight or (self.params.protect_tpot and info.slo_tpot_ms is not None)
+        self._last = (request.request_id, protect)
+        if tight or request.prompt_tokens_estimate < self.params.steer_min_tokens:
             return [1.0 if f else 0.0 for f in ok]
         return self.steer(endpoints)
 
