@@ -60,12 +60,14 @@ def rows(results: list[dict]) -> list[list[object]]:
     return out
 
 
-def predictor_error(results: list[dict]) -> dict:
+def predictor_error(results: list[dict], only: set[str] | None = None) -> dict:
     """{setup: {workload: {"e0/chat": {ttft_ratio, tpot_ratio, ttft_mape, n}}}}: medians
     over runs (predicted / observed on the picked endpoint; < 1 = optimistic)."""
     out: dict = {}
     for r in results:
         for setup, runs in r["runs"].items():
+            if only and setup not in only:
+                continue
             keys = sorted({k for run in runs for k in run.get("errors", {})})
             cell = {}
             for k in keys:
@@ -87,11 +89,14 @@ def main() -> None:
     p.add_argument("--title", required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--notes", default="")
+    p.add_argument(
+        "--errors-for", default="", help="keep the predictor's error of these setups only (a,b)"
+    )
     a = p.parse_args()
     results = json.loads(a.run.read_text())
     res = Result.measured(
         a.suite, a.title, a.command, COLUMNS, rows(results), a.notes,
-        predictor_error=predictor_error(results),
+        predictor_error=predictor_error(results, set(filter(None, a.errors_for.split(",")))),
     )  # fmt: skip
     print(res.write())
 
