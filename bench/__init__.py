@@ -87,6 +87,7 @@ SUITES: dict[str, Suite] = {
     "scrape-cpu": Suite("scrape_cpu"),
     "sim-calibration": Suite("sim_calibration"),
     "slo-family": Suite("slo_family", checkout="config/"),
+    "slo-results": Suite("slo_results"),
     "slo-routing": Suite("slo_routing", checkout=f"config/, {ENVOY}"),
     "slo-virtual": Suite("slo_virtual", checkout="config/"),
 }

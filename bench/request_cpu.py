@@ -300,6 +300,8 @@ def instructions(checkout: Path | None, args: argparse.Namespace) -> float:
             "--requests", str(args.requests), *(["--servicer"] if args.servicer else []),
             *(["--spread"] if args.spread else []), "--api", args.api,
             *_tracing_argv(args, checkout),
+            *(["--config", str(args.config.resolve())] if args.config else []),
+            *(a for h in args.header for a in ("--header", h)),
         ]  # fmt: skip
         subprocess.run(argv, env=env, cwd=checkout, check=True, capture_output=True)
         [dump] = [p for p in Path(tmp).iterdir() if p.name != out.name]  # the -d dump
@@ -314,7 +316,8 @@ def callgrind_child(args: argparse.Namespace) -> None:
     if args.servicer:
         run = servicer_runner(args.endpoints, args.spread)
     else:
-        director, raw = build(args.endpoints, spread=args.spread), messages()
+        director = build(args.endpoints, config=args.config, spread=args.spread)
+        raw = messages(header_map(args.header))
 
         def run(count: int) -> None:
             for _ in range(count):
@@ -328,6 +331,17 @@ def callgrind_child(args: argparse.Namespace) -> None:
     time.sleep(0.5)  # callgrind polls for the command
     run(args.requests)
     subprocess.run(dump, check=True, capture_output=True)
+
+
+def header_map(specs: list[str]) -> dict[str, str]:
+    """`--header NAME:VALUE` options as a header dict (ValueError naming a malformed one)."""
+    extra = {}
+    for h in specs:
+        name, sep, value = h.partition(":")
+        if not sep or not name:
+            raise ValueError(f"--header {h!r}: expected NAME:VALUE")
+        extra[name.strip().lower()] = value.strip()
+    return extra
 
 
 def _tracing_argv(args: argparse.Namespace, checkout: Path | None) -> list[str]:
@@ -393,16 +407,14 @@ def main() -> None:
     measures_here = args.callgrind_child or (args.baseline is None and not args.instructions)
     if args.tracing is not None and measures_here:
         start_tracing(args.tracing)
-    extra = {}
-    for h in args.header:
-        name, sep, value = h.partition(":")
-        if not sep or not name:
-            ap.error(f"--header {h!r}: expected NAME:VALUE")
-        extra[name.strip().lower()] = value.strip()
+    try:
+        extra = header_map(args.header)
+    except ValueError as e:
+        ap.error(str(e))
     if args.config is not None and args.baseline is not None:
         ap.error("--config applies to this checkout only; run it without --baseline")
-    if (args.instructions or args.servicer) and (args.config is not None or extra):
-        ap.error("--instructions and --servicer measure the default config only")
+    if args.servicer and (args.config is not None or extra):
+        ap.error("--servicer measures the default config only")
     if args.callgrind_child:
         callgrind_child(args)
         return

@@ -27,6 +27,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.latency.scorer",
     "plugins.latency.slack",
     "plugins.latency.tier_filter",
+    "plugins.latency.tiers",
     "plugins.pickers.dp_rank",
     "plugins.pickers.max_score",
     "plugins.pickers.random_picker",
