@@ -64,6 +64,7 @@ class Replica:
     in_flight: int = 0  # requests routed here and not yet finished
     seq: int = 0  # start order (the order every per-replica walk keeps)
     due_version: int = 0  # the pool's heap entry for this replica that is current
+    scraped: object = None  # the engine's `steady()` token at its last scrape
 
     def gpu_seconds(self, start: float, end: float) -> float:
         """GPU-seconds this replica held within [start, end)."""
@@ -332,8 +333,16 @@ class Pool:
         router = self.router
 
         def loads():
+            # a replica whose engine has stayed steady since its last scrape would give
+            # the values the router holds already (it writes only changes): skipped
             for r in ready:
-                yield r.name, *r.engine.gauges(now)
+                engine = r.engine
+                token = engine.steady()
+                if token is not None and token is r.scraped:
+                    continue
+                gauges = engine.gauges(now)
+                r.scraped = engine.steady()
+                yield r.name, *gauges
 
         router.settle(now, loads)
         rep = self._by_name[router.pick(rid, isl, osl, hash_ids)]
