@@ -95,8 +95,9 @@ class PoolShape:
     block_tokens: int = 512  # the trace's prefix-block size (Mooncake: 512)
     routing: Routing = DEFAULT_ROUTING
 
-    def router(self, seed: int) -> EppRouter:
-        """A fresh router for one replay (empty prefix index, seeded tie-breaks)."""
+    def router(self, seed: int, *, unique_prompts: bool = False) -> EppRouter:
+        """A fresh router for one replay (empty prefix index, seeded tie-breaks);
+        `unique_prompts`: no request shares a prefix block (`unique_prompts.py`)."""
         return EppRouter(
             self.routing.text,
             self.routing.source,
@@ -104,6 +105,7 @@ class PoolShape:
             block_tokens=self.block_tokens,
             cache_block_size=self.sim.block_size,
             cache_num_blocks=self.sim.num_gpu_blocks,
+            unique_prompts=unique_prompts,
         )
 
     def __post_init__(self) -> None:
@@ -146,9 +148,10 @@ class Pool:
         seed: int = 0,
         spares: Spares | None = None,
         lazy: bool = True,
+        unique_prompts: bool = False,
     ) -> None:
         self.shape = shape
-        self.router = shape.router(seed)
+        self.router = shape.router(seed, unique_prompts=unique_prompts)
         self._by_name: dict[str, Replica] = {}
         self.role = role
         self.spares = spares or Spares()

@@ -139,7 +139,8 @@ def replay(
         raise ValueError("no arrivals to replay")
     if initial < 0:
         raise ValueError("initial must be >= 0")
-    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy)
+    unique = not any(a.hash_ids for a in arrivals)  # ServeGen, Azure: no shared blocks
+    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy, unique_prompts=unique)
     return _Replay(arrivals, policy, pool, initial, seed, max_tail_s, progress).run()
 
 
