@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from epp.datastore import Endpoint, EndpointMetrics, EndpointSnapshot
+from epp.observability import PLUGIN_DURATION
 from epp.planner.offline.pool import Pool, PoolShape, Routing
 from epp.planner.offline.replay import replay
 from epp.planner.offline.routing import load
@@ -76,3 +78,25 @@ def test_the_chain_length_is_the_real_chain_length():
         )
         for block in (16, 32):
             assert len(producer.hashes(req, block)) == len(real(req, block))
+
+
+def _observations() -> int:
+    return sum(sum(c.counts) for c in PLUGIN_DURATION._children.values())
+
+
+def test_the_replay_times_no_plugin_and_serve_still_does():
+    config = load((ROOT / "config" / "default.yaml").read_text(), "default", 0, lambda: 0.0)
+    before = _observations()
+    sim = presets.config_for("llama-3.1-8b-h100")
+    replay(trace(60), Steps([2]), PoolShape(sim), initial=2, seed=1)
+    assert _observations() == before
+    scheduler = config.scheduler  # not stopped: times each plugin call as `epp serve` does
+    snaps = [
+        EndpointSnapshot(endpoint=Endpoint(n, "10.0.0.1", 8000), metrics=EndpointMetrics())
+        for n in ("a", "b")
+    ]
+    scheduler.schedule(
+        InferenceRequest(request_id="r", model="m", target_model="m", prompt_token_ids=[1] * 40),
+        snaps,
+    )
+    assert _observations() > before
