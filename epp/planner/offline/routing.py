@@ -27,16 +27,21 @@ Pure: no clock, no I/O; the pool moves time forward (`now`).
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 import random
 from array import array
 from collections.abc import Sequence
 
+import yaml
+
 from epp.composition import install_plugins
-from epp.config.loader import LoadedConfig, load_config_text
+from epp.config.errors import ConfigError
+from epp.config.loader import LoadedConfig, build, load_config_text
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director, RoutingDecision
+from epp.planner.offline import unique_prompts as unique_prompts_path
 from epp.request import InferenceRequest
 from epp.scheduling.registry import Handle
 
@@ -45,11 +50,26 @@ SCRAPE_S = 0.05  # the EPP's default --refresh-metrics-interval (GIE's 50 ms)
 _TAIL = 1 << 31  # first token of a prompt's part past its shared blocks: never a block's
 
 
+# config text -> its parsed YAML: a day's oracle sizes every interval with a few short
+# replays, each with a fresh scheduler, and parsing the YAML and scanning the installed
+# packages' entry points for plugins each time cost ~10 ms a replay
+_PARSED: dict[str, object] = {}
+
+
 def load(config_text: str, source: str, seed: int, clock) -> LoadedConfig:
     """A fresh scheduler of `config_text` (every replay starts with an empty prefix
     index and a seeded tie-break)."""
-    install_plugins()
-    return load_config_text(config_text, source, Handle(rng=random.Random(seed), clock=clock))
+    handle = Handle(rng=random.Random(seed), clock=clock)
+    data = _PARSED.get(config_text)
+    if data is None:
+        install_plugins()
+        loaded = load_config_text(config_text, source, handle)  # its errors, as epp serve's
+        _PARSED[config_text] = yaml.safe_load(config_text)
+        return loaded
+    try:
+        return build(copy.deepcopy(data), handle, source)
+    except ConfigError as e:
+        raise e.in_file(source) from None
 
 
 class EppRouter:
@@ -65,6 +85,7 @@ class EppRouter:
         cache_block_size: int,
         cache_num_blocks: int,
         scrape_s: float = SCRAPE_S,
+        unique_prompts: bool = False,
     ) -> None:
         self.now = 0.0
         clock = self._clock
@@ -79,10 +100,15 @@ class EppRouter:
             handle_config.pre_request,
             rng=random.Random(seed),
         )
+        # plugin durations in virtual time mean nothing and nobody reads them
+        self.director.stop_timing()
         # what `epp serve` calls after a membership change (the prefix indexes' PoolWatch)
         self._prunes = [
             p.prune for p in handle_config.plugins.values() if callable(getattr(p, "prune", None))
         ]
+        # no prompt shares a block with another: the prefix index only counts
+        # (`unique_prompts`), when the config allows it
+        self.unique_prompts = unique_prompts and unique_prompts_path.install(handle_config)
         self.block_tokens = block_tokens
         self.geometry = (cache_block_size, cache_num_blocks)
         self.scrape_s = scrape_s
@@ -170,6 +196,8 @@ class EppRouter:
 
     def pick(self, rid: int, isl: int, osl: int, hash_ids: Sequence[int]) -> str:
         """The director's pick for the request (its hold taken, its prefix recorded)."""
+        if self.unique_prompts and hash_ids:
+            raise ValueError(f"request {rid} shares prefix blocks in a unique-prompt replay")
         request = InferenceRequest(
             request_id=str(rid),
             model=MODEL,
