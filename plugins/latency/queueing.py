@@ -1,0 +1,122 @@
+"""A queueing-aware latency estimate from what the EPP knows of an endpoint.
+
+The linear model (`model.py`) learns TTFT as a weighted sum of load counts; a request that
+must wait for a batch slot behind a long prompt is a product of terms (how many finish
+before it × how long each takes), which a sum of counts under-estimates once queues grow
+(predicted / observed chat TTFT 0.75-0.94 at 71-85 % of capacity on `bench/slo_family.py`).
+Here the estimate is built from the terms themselves, as an iteration-level scheduler
+(vLLM's, Orca's: Yu et al., OSDI 2022) serves a request:
+
+    TTFT ≈ (prompt tokens pending ahead + this prompt's uncached tokens) × prefill ms/token
+           + one decode step (the step it joins)
+           + completions needed for a batch slot × (mean expected output × TPOT) / slots
+
+- "pending ahead" is the EPP's own count of prompt tokens routed to the endpoint that have
+  not had their first token (fresher than a scrape, and it includes the prefill running
+  now); the completions needed are the in-flight requests beyond the endpoint's batch
+  slots (+1 for this one); the mean expected output is the EPP's in-flight output tokens
+  per in-flight request. Every term is the EPP's snapshot, nothing scraped but the slots.
+- TPOT ≈ the endpoint's recent inter-token latency (what its mix of decode steps and
+  interleaved prefills gave lately).
+
+Per endpoint it learns, from each finished request: its TPOT (EWMA of the measured mean
+inter-token gap), its prefill speed (EWMA of TTFT less one step over the prompt tokens
+pending at pick, from requests that did not queue for a slot), and its batch slots (the
+most running requests a scrape showed). An endpoint without history borrows the pool's;
+before any history the cold values apply (llm-d's 15,928 prefill tokens/s default). What
+stays wrong — a slower prefill than decode, a mix the EWMA lags — is left to the
+per-endpoint calibration (`calibration.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from epp.datastore import EndpointSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """One endpoint's (or the pool's) learned speeds; `samples`: requests folded in."""
+
+    prefill_ms_per_token: float
+    tpot_ms: float
+    slots: int
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RawPrediction:
+    ttft_ms: float
+    tpot_ms: float
+
+
+def predict(e: EndpointSnapshot, uncached_prompt: int, s: Speed, now: float) -> RawPrediction:
+    """The uncalibrated estimate for a request of `uncached_prompt` tokens on `e` at `now`
+    (the clock of `e.oldest_pending_at`)."""
+    slots = max(s.slots, 1)
+    n = e.inflight_requests
+    ahead = e.inflight_prefill_tokens * s.prefill_ms_per_token
+    need = n - slots + 1  # completions before a slot frees for this request
+    queue = 0.0
+    if need > 0 and n > 0:
+        mean_out = max(0, e.inflight_tokens - e.inflight_prefill_tokens) / n
+        queue = need * mean_out * s.tpot_ms / slots
+    elif e.oldest_pending_at is not None:
+        # Every pending prompt has a slot, so the oldest has been prefilling since it was
+        # routed: that much of the work ahead is done (a chat behind a long prompt whose
+        # 300 ms step is 250 ms in waits 50 ms, not 300).
+        ahead = max(0.0, ahead - 1000.0 * (now - e.oldest_pending_at))
+    own = uncached_prompt * s.prefill_ms_per_token
+    return RawPrediction(ahead + own + s.tpot_ms + queue, s.tpot_ms)
+
+
+class SpeedLearner:
+    """Per-endpoint speeds, EWMA over finished requests (O(1) per request, on the loop)."""
+
+    def __init__(self, cold: Speed, alpha: float) -> None:
+        self.cold = cold
+        self.alpha = alpha
+        self._by: dict[str, Speed] = {}
+        self._pool: Speed | None = None
+
+    def get(self, name: str) -> Speed:
+        return self._by.get(name) or self._pool or self.cold
+
+    def observe(
+        self,
+        e: EndpointSnapshot,
+        uncached_prompt: int,
+        ttft_ms: float,
+        tpot_ms: float,
+        routed_at: float,
+    ) -> None:
+        """Fold one finished request in; `e` is the endpoint as it was at the pick."""
+        own = self.get(e.name)
+        slots = max(own.slots, e.metrics.running_requests, 1)
+        # Only a request that got a slot at once tells the prefill speed apart from queueing.
+        pending = e.inflight_prefill_tokens + uncached_prompt
+        prefill = math.nan
+        if e.inflight_requests < slots and pending > 0 and ttft_ms == ttft_ms:
+            since = e.oldest_pending_at
+            done = 0.0 if since is None else max(0.0, 1000.0 * (routed_at - since))
+            prefill = max(0.0, ttft_ms - own.tpot_ms + done) / pending
+        self._by[e.name] = self._fold(self._by.get(e.name), prefill, tpot_ms, slots)
+        self._pool = self._fold(self._pool, prefill, tpot_ms, slots)
+
+    def retain(self, names: set[str]) -> None:
+        for name in [n for n in self._by if n not in names]:
+            del self._by[name]
+
+    def _fold(self, old: Speed | None, prefill: float, tpot: float, slots: int) -> Speed:
+        base = old or self.cold
+        a = self.alpha if old is not None else 1.0  # the first sample replaces the cold value
+        return Speed(
+            base.prefill_ms_per_token
+            if prefill != prefill
+            else base.prefill_ms_per_token + a * (prefill - base.prefill_ms_per_token),
+            base.tpot_ms if tpot != tpot or tpot <= 0 else base.tpot_ms + a * (tpot - base.tpot_ms),
+            max(base.slots if old is not None else 1, slots),
+            base.samples + 1 if old is not None else 1,
+        )
