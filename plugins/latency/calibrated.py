@@ -108,7 +108,9 @@ class CalibratedLatencyProducer(Plugin):
         self.finished = 0
 
     def _slo(self, request: InferenceRequest) -> tuple[float | None, float | None]:
-        return request_slo(request, self.params.default_ttft_slo_ms, self.params.default_tpot_slo_ms)
+        return request_slo(
+            request, self.params.default_ttft_slo_ms, self.params.default_tpot_slo_ms
+        )
 
     # -- request path -------------------------------------------------------------
 
@@ -126,7 +128,7 @@ class CalibratedLatencyProducer(Plugin):
             cached = prefix.cached_tokens(e.name) if isinstance(prefix, PrefixMatchInfo) else 0
             raw = predict(e, max(0, prompt - cached), speeds.get(e.name), now)
             out[e.name] = LatencyPrediction(
-                raw.ttft_ms * factor(e.name, cls, "ttft"),
+                raw.ttft_ms * factor(e.name, cls, "queued-ttft" if raw.queued else "ttft"),
                 raw.tpot_ms * factor(e.name, cls, "tpot"),
                 learned,
             )
@@ -155,7 +157,8 @@ class CalibratedLatencyProducer(Plugin):
         routed_at = response.finished_at - response.duration_s
         raw = predict(endpoint, uncached, self.speeds.get(endpoint.name), routed_at)
         cls = request_class(*self._slo(request), self.params.tight_ttft_ms)
-        self.calibration.observe(endpoint.name, cls, "ttft", raw.ttft_ms, response.ttft_ms)
+        ttft = "queued-ttft" if raw.queued else "ttft"
+        self.calibration.observe(endpoint.name, cls, ttft, raw.ttft_ms, response.ttft_ms)
         self.calibration.observe(endpoint.name, cls, "tpot", raw.tpot_ms, response.itl_ms)
         self.speeds.observe(endpoint, uncached, response.ttft_ms, response.itl_ms, routed_at)
         self.finished += 1
@@ -164,7 +167,7 @@ class CalibratedLatencyProducer(Plugin):
 @dataclass(frozen=True)
 class SloCalibratedParams(SloExternalityParams):
     when_none_meet: str = param(
-        "default",
+        "closest",
         choices=("default", "closest"),
         doc="when no endpoint is predicted to meet the request's targets: score 0.5 "
         "everywhere (the other scorers decide, as without SLO routing) or prefer the "

@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from epp.datastore import EndpointSnapshot
 
 
+STEP_WAIT = 1.5  # steps a request that joins a busy batch waits: half the current, its own
+
+
 @dataclass(frozen=True, slots=True)
 class Speed:
     """One endpoint's (or the pool's) learned speeds; `samples`: requests folded in."""
@@ -50,36 +53,61 @@ class Speed:
 class RawPrediction:
     ttft_ms: float
     tpot_ms: float
+    queued: bool  # no batch slot free at the pick: the wait is for completions
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """TTFT = prefill_tokens × prefill ms/token + fixed (ms): the split the learner needs."""
+
+    prefill_tokens: float
+    fixed_ms: float
+    queued: bool
+
+
+def _terms(e: EndpointSnapshot, uncached_prompt: int, s: Speed, now: float) -> _Terms:
+    slots = max(s.slots, 1)
+    n = e.inflight_requests
+    pending = float(e.inflight_prefill_tokens + uncached_prompt)
+    need = n - slots + 1  # completions before a slot frees for this request
+    if need > 0:
+        mean_out = max(0, e.inflight_tokens - e.inflight_prefill_tokens) / n
+        return _Terms(pending, (STEP_WAIT + need * mean_out / slots) * s.tpot_ms, True)
+    fixed = STEP_WAIT * s.tpot_ms if n > 0 else 0.0  # an idle server starts at once
+    since = e.oldest_pending_at
+    if since is not None and s.prefill_ms_per_token > 0:
+        # Every pending prompt has a slot, so the oldest has been prefilling since it was
+        # routed: that much of the work ahead is done (a chat behind a long prompt whose
+        # 300 ms step is 250 ms in waits 50 ms, not 300).
+        done = 1000.0 * max(0.0, now - since) / s.prefill_ms_per_token
+        pending -= min(done, float(e.inflight_prefill_tokens))
+    return _Terms(pending, fixed, False)
 
 
 def predict(e: EndpointSnapshot, uncached_prompt: int, s: Speed, now: float) -> RawPrediction:
     """The uncalibrated estimate for a request of `uncached_prompt` tokens on `e` at `now`
     (the clock of `e.oldest_pending_at`)."""
-    slots = max(s.slots, 1)
-    n = e.inflight_requests
-    ahead = e.inflight_prefill_tokens * s.prefill_ms_per_token
-    need = n - slots + 1  # completions before a slot frees for this request
-    queue = 0.0
-    if need > 0 and n > 0:
-        mean_out = max(0, e.inflight_tokens - e.inflight_prefill_tokens) / n
-        queue = need * mean_out * s.tpot_ms / slots
-    elif e.oldest_pending_at is not None:
-        # Every pending prompt has a slot, so the oldest has been prefilling since it was
-        # routed: that much of the work ahead is done (a chat behind a long prompt whose
-        # 300 ms step is 250 ms in waits 50 ms, not 300).
-        ahead = max(0.0, ahead - 1000.0 * (now - e.oldest_pending_at))
-    own = uncached_prompt * s.prefill_ms_per_token
-    return RawPrediction(ahead + own + s.tpot_ms + queue, s.tpot_ms)
+    t = _terms(e, uncached_prompt, s, now)
+    return RawPrediction(
+        t.prefill_tokens * s.prefill_ms_per_token + t.fixed_ms, s.tpot_ms, t.queued
+    )
 
 
 class SpeedLearner:
-    """Per-endpoint speeds, EWMA over finished requests (O(1) per request, on the loop)."""
+    """Per-endpoint speeds, EWMA over finished requests (O(1) per request, on the loop).
+
+    The prefill speed is a ratio of two EWMAs — of (TTFT − the fixed terms) and of the
+    prefill tokens the request waited for — over requests that found a slot free: a ratio
+    of sums, so long prompts (whose TTFT is mostly prefill) set it, not the noise of a
+    chat's 10 ms."""
 
     def __init__(self, cold: Speed, alpha: float) -> None:
         self.cold = cold
         self.alpha = alpha
         self._by: dict[str, Speed] = {}
         self._pool: Speed | None = None
+        # name ('' = pool) -> (EWMA of prefill ms, EWMA of prefill tokens)
+        self._prefill: dict[str, tuple[float, float]] = {}
 
     def get(self, name: str) -> Speed:
         return self._by.get(name) or self._pool or self.cold
@@ -95,27 +123,39 @@ class SpeedLearner:
         """Fold one finished request in; `e` is the endpoint as it was at the pick."""
         own = self.get(e.name)
         slots = max(own.slots, e.metrics.running_requests, 1)
-        # Only a request that got a slot at once tells the prefill speed apart from queueing.
-        pending = e.inflight_prefill_tokens + uncached_prompt
-        prefill = math.nan
-        if e.inflight_requests < slots and pending > 0 and ttft_ms == ttft_ms:
-            since = e.oldest_pending_at
-            done = 0.0 if since is None else max(0.0, 1000.0 * (routed_at - since))
-            prefill = max(0.0, ttft_ms - own.tpot_ms + done) / pending
-        self._by[e.name] = self._fold(self._by.get(e.name), prefill, tpot_ms, slots)
-        self._pool = self._fold(self._pool, prefill, tpot_ms, slots)
+        t = _terms(e, uncached_prompt, own, routed_at)
+        sample = None
+        if not t.queued and t.prefill_tokens > 0 and ttft_ms == ttft_ms:
+            sample = (max(0.0, ttft_ms - t.fixed_ms), t.prefill_tokens)
+        self._by[e.name] = self._fold(e.name, self._by.get(e.name), sample, tpot_ms, slots)
+        self._pool = self._fold("", self._pool, sample, tpot_ms, slots)
 
     def retain(self, names: set[str]) -> None:
         for name in [n for n in self._by if n not in names]:
             del self._by[name]
+            self._prefill.pop(name, None)
 
-    def _fold(self, old: Speed | None, prefill: float, tpot: float, slots: int) -> Speed:
+    def _fold(
+        self,
+        key: str,
+        old: Speed | None,
+        sample: tuple[float, float] | None,
+        tpot: float,
+        slots: int,
+    ) -> Speed:
         base = old or self.cold
         a = self.alpha if old is not None else 1.0  # the first sample replaces the cold value
+        prefill = base.prefill_ms_per_token
+        if sample is not None:
+            ms, tokens = self._prefill.get(key, sample)
+            ms, tokens = (
+                ms + self.alpha * (sample[0] - ms),
+                tokens + self.alpha * (sample[1] - tokens),
+            )
+            self._prefill[key] = (ms, tokens)
+            prefill = ms / tokens if tokens > 0 else prefill
         return Speed(
-            base.prefill_ms_per_token
-            if prefill != prefill
-            else base.prefill_ms_per_token + a * (prefill - base.prefill_ms_per_token),
+            prefill,
             base.tpot_ms if tpot != tpot or tpot <= 0 else base.tpot_ms + a * (tpot - base.tpot_ms),
             max(base.slots if old is not None else 1, slots),
             base.samples + 1 if old is not None else 1,
