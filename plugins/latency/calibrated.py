@@ -47,6 +47,8 @@ from plugins.latency.queueing import Speed, SpeedLearner, predict
 from plugins.latency.slack import NEUTRAL, slack
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 
+COLD_SLOTS = 1 << 20
+
 
 @dataclass(frozen=True)
 class CalibratedLatencyParams:
@@ -54,6 +56,12 @@ class CalibratedLatencyParams:
         15928.0, min=1.0, doc="prefill speed before an endpoint has history (llm-d's default)"
     )
     cold_tpot_ms: float = param(20.0, min=0.1, doc="TPOT before an endpoint has history")
+    batch_slots: int = param(
+        0,
+        min=0,
+        doc="requests a server runs at once (vLLM's --max-num-seqs); 0 = learn it as the most "
+        "running requests a scrape showed (an underestimate until a server has been full)",
+    )
     speed_alpha: float = param(
         0.1, min=0.001, max=1.0, doc="EWMA weight of the newest request in the learned speeds"
     )
@@ -95,8 +103,10 @@ class CalibratedLatencyProducer(Plugin):
     def __init__(self, name: str, params: CalibratedLatencyParams, handle: Handle) -> None:
         super().__init__(name)
         self.params = params
-        cold = Speed(1000.0 / params.cold_prefill_tokens_per_second, params.cold_tpot_ms, 1)
-        self.speeds = SpeedLearner(cold, params.speed_alpha)
+        # Before a server was seen, no queueing for a slot is assumed.
+        slots = params.batch_slots or COLD_SLOTS
+        cold = Speed(1000.0 / params.cold_prefill_tokens_per_second, params.cold_tpot_ms, slots)
+        self.speeds = SpeedLearner(cold, params.speed_alpha, params.batch_slots)
         self.calibration = Calibrator(
             params.calibration_alpha, params.prior_samples, params.quantile_z
         )

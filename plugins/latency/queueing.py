@@ -30,11 +30,9 @@ per-endpoint calibration (`calibration.py`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from epp.datastore import EndpointSnapshot
-
 
 STEP_WAIT = 1.5  # steps a request that joins a busy batch waits: half the current, its own
 
@@ -66,7 +64,7 @@ class _Terms:
 
 
 def _terms(e: EndpointSnapshot, uncached_prompt: int, s: Speed, now: float) -> _Terms:
-    slots = max(s.slots, 1)
+    slots = max(s.slots, e.metrics.running_requests, 1)
     n = e.inflight_requests
     pending = float(e.inflight_prefill_tokens + uncached_prompt)
     need = n - slots + 1  # completions before a slot frees for this request
@@ -101,9 +99,12 @@ class SpeedLearner:
     of sums, so long prompts (whose TTFT is mostly prefill) set it, not the noise of a
     chat's 10 ms."""
 
-    def __init__(self, cold: Speed, alpha: float) -> None:
+    def __init__(self, cold: Speed, alpha: float, fixed_slots: int = 0) -> None:
+        """`fixed_slots` > 0: the servers' batch size is known (vLLM's `max_num_seqs`) and
+        not learned; `cold.slots` applies to an endpoint before anything was seen of it."""
         self.cold = cold
         self.alpha = alpha
+        self.fixed_slots = fixed_slots
         self._by: dict[str, Speed] = {}
         self._pool: Speed | None = None
         # name ('' = pool) -> (EWMA of prefill ms, EWMA of prefill tokens)
@@ -122,7 +123,8 @@ class SpeedLearner:
     ) -> None:
         """Fold one finished request in; `e` is the endpoint as it was at the pick."""
         own = self.get(e.name)
-        slots = max(own.slots, e.metrics.running_requests, 1)
+        seen = self._by.get(e.name)
+        slots = self.fixed_slots or max(seen.slots if seen else 1, e.metrics.running_requests, 1)
         t = _terms(e, uncached_prompt, own, routed_at)
         sample = None
         if not t.queued and t.prefill_tokens > 0 and ttft_ms == ttft_ms:
@@ -157,6 +159,6 @@ class SpeedLearner:
         return Speed(
             prefill,
             base.tpot_ms if tpot != tpot or tpot <= 0 else base.tpot_ms + a * (tpot - base.tpot_ms),
-            max(base.slots if old is not None else 1, slots),
+            self.fixed_slots or max(base.slots if old is not None else 1, slots),
             base.samples + 1 if old is not None else 1,
         )
