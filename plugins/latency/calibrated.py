@@ -66,7 +66,7 @@ class CalibratedLatencyParams:
         0.1, min=0.001, max=1.0, doc="EWMA weight of the newest request in the learned speeds"
     )
     calibration_alpha: float = param(
-        0.05, min=0.001, max=1.0, doc="EWMA weight of the newest observed / predicted ratio"
+        0.1, min=0.001, max=1.0, doc="EWMA weight of the newest observed / predicted ratio"
     )
     prior_samples: float = param(
         20.0,
@@ -74,10 +74,10 @@ class CalibratedLatencyParams:
         doc="shrinkage: an endpoint's own ratio counts n / (n + this), the pool's the rest",
     )
     quantile_z: float = param(
-        0.0,
+        2.0,
         min=-3.0,
         max=3.0,
-        doc="margin: predictions × exp(mean + z·sd) of the log ratio (0: the mean; 1: ~p84)",
+        doc="margin: predictions × exp(mean + z·sd) of the log ratio (0: the mean; 2: ~p98)",
     )
     min_samples: int = param(
         8, min=1, doc="finished requests (pool-wide) before predictions count as learned"
