@@ -17,10 +17,15 @@ the measured TTFT / mean inter-token latency. The request path does a few multip
 and dictionary reads per endpoint.
 
 The scorer is `slo-externality-scorer` (own band, minus the harm a prefill does to tight
-requests in flight) read over these predictions, with one change: when no endpoint is
-predicted to meet the request's targets (`whenNoneMeet: default`), it scores 0.5
-everywhere, so the profile's other scorers — the EPP's default choice — decide, rather
-than the endpoint a (then unreliable) prediction calls closest.
+requests in flight) read over these predictions, with one option: when no endpoint is
+predicted to meet the request's targets, `whenNoneMeet: closest` (the default, and the
+tuning half's choice) prefers the smallest miss, `default` scores 0.5 everywhere so the
+profile's other scorers — the EPP's default choice — decide (1-2 points lower on the
+tuning half of `bench/slo_family.py`).
+
+Ties (every endpoint safe and no tight request harmed, e.g. an idle pool) score equally:
+the profile's other scorers break them (with `config/slo-calibrated.yaml` the token-load
+scorer: fewer in-flight tokens wins), then `max-score-picker` draws among exact ties.
 """
 
 from __future__ import annotations
