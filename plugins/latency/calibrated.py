@@ -31,7 +31,8 @@ scorer: fewer in-flight tokens wins), then `max-score-picker` draws among exact 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from epp.config.params import param
 from epp.datastore import EndpointSnapshot
@@ -53,6 +54,19 @@ from plugins.latency.slack import NEUTRAL, slack
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
 
 COLD_SLOTS = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class CalibratedPredictionInfo(LatencyPredictionInfo):
+    """`predictions` with the producer's margin (`quantileZ`), and `central`: the same
+    estimates at the central calibration (z = 0), for the scorer's graded fallback."""
+
+    central: Mapping[str, LatencyPrediction] = field(default_factory=dict)
+
+    def at_central(self) -> LatencyPredictionInfo:
+        return LatencyPredictionInfo(
+            self.central, self.slo_ttft_ms, self.slo_tpot_ms, self.buffer_factor
+        )
 
 
 @dataclass(frozen=True)
@@ -131,23 +145,23 @@ class CalibratedLatencyProducer(Plugin):
 
     def produce(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
-    ) -> LatencyPredictionInfo:
+    ) -> CalibratedPredictionInfo:
         prefix = state.read(PREFIX_MATCH_KEY)
         prompt = request.prompt_tokens_estimate
         slo_ttft, slo_tpot = self._slo(request)
         cls = request_class(slo_ttft, slo_tpot, self.params.tight_ttft_ms)
         learned = self.finished >= self.params.min_samples
-        speeds, factor, now = self.speeds, self.calibration.factor, self._clock()
+        speeds, factors, now = self.speeds, self.calibration.factors, self._clock()
         out: dict[str, LatencyPrediction] = {}
+        central: dict[str, LatencyPrediction] = {}
         for e in endpoints:
             cached = prefix.cached_tokens(e.name) if isinstance(prefix, PrefixMatchInfo) else 0
             raw = predict(e, max(0, prompt - cached), speeds.get(e.name), now)
-            out[e.name] = LatencyPrediction(
-                raw.ttft_ms * factor(e.name, cls, "queued-ttft" if raw.queued else "ttft"),
-                raw.tpot_ms * factor(e.name, cls, "tpot"),
-                learned,
-            )
-        return LatencyPredictionInfo(out, slo_ttft, slo_tpot)
+            ft, ct = factors(e.name, cls, "queued-ttft" if raw.queued else "ttft")
+            fp, cp = factors(e.name, cls, "tpot")
+            out[e.name] = LatencyPrediction(raw.ttft_ms * ft, raw.tpot_ms * fp, learned)
+            central[e.name] = LatencyPrediction(raw.ttft_ms * ct, raw.tpot_ms * cp, learned)
+        return CalibratedPredictionInfo(out, slo_ttft, slo_tpot, central=central)
 
     # -- learning (request loop, once per finished request) -------------------------
 
@@ -181,12 +195,24 @@ class CalibratedLatencyProducer(Plugin):
 
 @dataclass(frozen=True)
 class SloCalibratedParams(SloExternalityParams):
+    graded: bool = param(
+        True,
+        doc="when no endpoint meets the request's targets with the producer's margin, "
+        "step down to its central estimate (z = 0) and score over that: the endpoints "
+        "that meet there win; false: the fallback below on the margin's predictions",
+    )
     when_none_meet: str = param(
         "closest",
         choices=("default", "closest"),
-        doc="when no endpoint is predicted to meet the request's targets: score 0.5 "
-        "everywhere (the other scorers decide, as without SLO routing) or prefer the "
-        "endpoint that misses by least",
+        doc="when no endpoint is predicted to meet the request's targets (with `graded`: "
+        "not even at the central estimate): prefer the endpoint that misses by least, or "
+        "score 0.5 everywhere (the other scorers decide, as without SLO routing)",
+    )
+    tpot_first: bool = param(
+        False,
+        doc="in that fallback, an endpoint whose predicted TPOT (its measured inter-token "
+        "latency, calibrated) misses the request's TPOT target ranks below every one "
+        "that meets it, whatever its TTFT",
     )
 
 
@@ -200,11 +226,31 @@ class SloCalibratedScorer(SloExternalityScorer):
     ) -> list[float]:
         info = state.read(LATENCY_PREDICTION_KEY)
         if (
-            self.params.when_none_meet == "default"
-            and isinstance(info, LatencyPredictionInfo)
-            and info.has_slo
-            and all(e.name in info.predictions for e in endpoints)
-            and not any(slack(info, e.name) >= 0 for e in endpoints)
+            not isinstance(info, LatencyPredictionInfo)
+            or not info.has_slo
+            or any(e.name not in info.predictions for e in endpoints)
         ):
-            return [NEUTRAL] * len(endpoints)
-        return super().score(state, request, endpoints)
+            return super().score(state, request, endpoints)
+        if any(slack(info, e.name) >= 0 for e in endpoints):
+            return self.scores_for(info, state, request, endpoints)
+        if (
+            self.params.graded
+            and isinstance(info, CalibratedPredictionInfo)
+            and all(e.name in info.central for e in endpoints)
+        ):
+            info = info.at_central()
+            if any(slack(info, e.name) >= 0 for e in endpoints):
+                return self.scores_for(info, state, request, endpoints)
+        # None meets, at the margin nor (graded) at the central estimate: the fallback.
+        ok = [True] * len(endpoints)
+        if self.params.tpot_first and info.slo_tpot_ms is not None:
+            ok = [info.tpot_headroom(e.name) >= 0 for e in endpoints]
+            if not any(ok):
+                ok = [True] * len(endpoints)
+        if self.params.when_none_meet == "default":
+            return [NEUTRAL if k else 0.0 for k in ok]
+        out = self.scores_for(info, state, request, endpoints)
+        if all(ok):
+            return out
+        # Closest-miss scores are in [0, 0.5): the TPOT-feasible half above the rest.
+        return [NEUTRAL / 2 + s / 2 if k else s / 2 for s, k in zip(out, ok, strict=True)]

@@ -69,7 +69,7 @@ class Calibrator:
         # `REFRESH_EVERY` samples: otherwise every finished request would make the next
         # pick recompute all of them (+26 µs per request on 8 endpoints), for a pool ratio
         # that one sample moves by at most `alpha` of its distance.
-        self._cache: dict[tuple[str, str, str], float] = {}
+        self._cache: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._since_refresh = 0
 
     def observe(
@@ -89,22 +89,26 @@ class Calibrator:
 
     def factor(self, endpoint: str, cls: str, metric: str) -> float:
         """What to multiply the next prediction by (1.0 before any sample of the class)."""
+        return self.factors(endpoint, cls, metric)[0]
+
+    def factors(self, endpoint: str, cls: str, metric: str) -> tuple[float, float]:
+        """(with the margin: exp(m + z·sd), the central estimate: exp(m))."""
         key = (endpoint, cls, metric)
         f = self._cache.get(key)
         if f is None:
-            f = self._cache[key] = self._factor(endpoint, cls, metric)
+            f = self._cache[key] = self._factors(endpoint, cls, metric)
         return f
 
-    def _factor(self, endpoint: str, cls: str, metric: str) -> float:
+    def _factors(self, endpoint: str, cls: str, metric: str) -> tuple[float, float]:
         pool = self._pool.get((cls, metric))
         if pool is None:
-            return 1.0
+            return 1.0, 1.0
         own = self._by.get((endpoint, cls, metric))
         n = own.n if own is not None else 0
         w = n / (n + self.k) if n else 0.0
         mean = pool.mean + (w * (own.mean - pool.mean) if own is not None else 0.0)
         var = pool.var + (w * (own.var - pool.var) if own is not None else 0.0)
-        return math.exp(mean + self.z * math.sqrt(var))
+        return math.exp(mean + self.z * math.sqrt(var)), math.exp(mean)
 
     def samples(self, endpoint: str, cls: str, metric: str) -> int:
         s = self._by.get((endpoint, cls, metric))

@@ -215,6 +215,79 @@ def test_when_no_endpoint_meets_the_targets_the_fallback_is_as_configured():
     assert default.score(st, chat, [a, b]) == [0.5, 0.5]
 
 
+def graded_info(margin: dict, central: dict, ttft: float = 150.0, tpot: float | None = 25.0):
+    """A hand-made prediction: per endpoint (TTFT, TPOT) ms with the margin and central."""
+    from plugins.latency.calibrated import CalibratedPredictionInfo
+    from plugins.latency.info import LatencyPrediction
+
+    def preds(d: dict) -> dict:
+        return {k: LatencyPrediction(t, p, True) for k, (t, p) in d.items()}
+
+    return CalibratedPredictionInfo(preds(margin), ttft, tpot, central=preds(central))
+
+
+def scores(scorer, info, names=("fast", "slow")) -> dict:
+    st = CycleState()
+    st.write(LATENCY_PREDICTION_KEY, info)
+    eps = [busy(n, 0) for n in names]
+    return dict(zip(names, scorer.score(st, request(20, 150.0, 25.0), eps), strict=True))
+
+
+def test_a_request_every_endpoint_fails_at_the_margin_goes_where_the_central_estimate_meets():
+    # With the margin neither meets; slow misses by least there (by 20 %, fast by 100 %),
+    # but its TPOT misses at the central estimate too, where fast meets both.
+    info = graded_info(
+        margin={"fast": (300.0, 30.0), "slow": (160.0, 30.0)},
+        central={"fast": (120.0, 20.0), "slow": (60.0, 30.0)},
+    )
+    graded = scores(build("slo-calibrated-scorer"), info)
+    assert graded["fast"] >= 0.5 > graded["slow"]  # fast is safe at the central estimate
+    flat = scores(build("slo-calibrated-scorer", {"graded": False}), info)
+    assert flat["slow"] > flat["fast"]  # ungraded: the margin's smallest miss (the old way)
+    # Where some endpoint meets with the margin, the central estimate is not consulted.
+    info = graded_info(
+        margin={"fast": (140.0, 24.0), "slow": (400.0, 60.0)},
+        central={"fast": (300.0, 40.0), "slow": (100.0, 10.0)},
+    )
+    s = scores(build("slo-calibrated-scorer"), info)
+    assert s["fast"] >= 0.5 > s["slow"]
+
+
+def test_none_feasible_even_at_the_central_estimate_falls_back_as_documented():
+    info = graded_info(
+        margin={"fast": (600.0, 40.0), "slow": (300.0, 90.0)},
+        central={"fast": (250.0, 24.0), "slow": (180.0, 30.0)},
+    )
+    # closest, on the central estimate: slow misses by 20 %, fast by 67 % (its TPOT met)
+    closest = scores(build("slo-calibrated-scorer"), info)
+    assert 0.5 > closest["slow"] > closest["fast"]
+    # tpotFirst: fast meets the TPOT target, slow cannot: fast first whatever the TTFT
+    first = scores(build("slo-calibrated-scorer", {"tpotFirst": True}), info)
+    assert 0.5 > first["fast"] > first["slow"]
+    # default: 0.5 everywhere, the other scorers decide (tpotFirst: slow excluded first)
+    assert scores(build("slo-calibrated-scorer", {"whenNoneMeet": "default"}), info) == {
+        "fast": 0.5,
+        "slow": 0.5,
+    }
+    both = build("slo-calibrated-scorer", {"whenNoneMeet": "default", "tpotFirst": True})
+    assert scores(both, info) == {"fast": 0.5, "slow": 0.0}
+
+
+def test_the_producer_gives_the_central_estimate_beside_the_margin():
+    producer = build("calibrated-latency-producer", {"minSamples": 1, "quantileZ": 2})
+    a = busy("a", 0)
+    chat = request(40, 150.0, 25.0)
+    first = producer.produce(CycleState(), chat, [a]).predictions
+    rng = random.Random(1)
+    for _ in range(50):  # noisy: observed = predicted × e^N(0.3, 0.3)
+        itl = first["a"].tpot_ms * math.exp(rng.gauss(0.3, 0.3))
+        producer.post_response(chat, record("a", first["a"].ttft_ms, itl), a)
+    info = producer.produce(CycleState(), chat, [a])
+    margin, central = info.predictions["a"].tpot_ms, info.central["a"].tpot_ms
+    assert margin > 1.3 * central > 1.3 * first["a"].tpot_ms
+    assert info.at_central().predictions["a"] == info.central["a"]
+
+
 def test_the_config_loads_and_refuses_a_second_latency_producer(tmp_path):
     cfg = load_config_file(ROOT / "config" / "slo-calibrated.yaml", Handle(rng=random.Random(0)))
     assert "slo-calibrated-scorer" in cfg.plugins
