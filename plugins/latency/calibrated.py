@@ -93,7 +93,7 @@ class CalibratedLatencyParams:
         doc="shrinkage: an endpoint's own ratio counts n / (n + this), the pool's the rest",
     )
     quantile_z: float = param(
-        2.0,
+        1.5,
         min=-3.0,
         max=3.0,
         doc="margin: predictions × exp(mean + z·sd) of the log ratio (0: the mean; 2: ~p98)",
@@ -202,7 +202,7 @@ class SloCalibratedParams(SloExternalityParams):
         "that meet there win; false: the fallback below on the margin's predictions",
     )
     when_none_meet: str = param(
-        "closest",
+        "default",
         choices=("default", "closest"),
         doc="when no endpoint is predicted to meet the request's targets (with `graded`: "
         "not even at the central estimate): prefer the endpoint that misses by least, or "

@@ -208,10 +208,10 @@ def test_when_no_endpoint_meets_the_targets_the_fallback_is_as_configured():
     chat = request(20, 300.0, 25.0)  # misses on both (~600 and ~350 ms), by less on b
     st = CycleState()
     st.write(LATENCY_PREDICTION_KEY, producer.produce(st, chat, [a, b]))
-    closest = build("slo-calibrated-scorer")
+    closest = build("slo-calibrated-scorer", {"whenNoneMeet": "closest"})
     sa, sb = closest.score(st, chat, [a, b])
     assert sb > sa and sb < 0.5
-    default = build("slo-calibrated-scorer", {"whenNoneMeet": "default"})
+    default = build("slo-calibrated-scorer")  # the default (and the config's)
     assert default.score(st, chat, [a, b]) == [0.5, 0.5]
 
 
@@ -240,9 +240,11 @@ def test_a_request_every_endpoint_fails_at_the_margin_goes_where_the_central_est
         margin={"fast": (300.0, 30.0), "slow": (160.0, 30.0)},
         central={"fast": (120.0, 20.0), "slow": (60.0, 30.0)},
     )
-    graded = scores(build("slo-calibrated-scorer"), info)
+    graded = scores(build("slo-calibrated-scorer"), info)  # graded: the default
     assert graded["fast"] >= 0.5 > graded["slow"]  # fast is safe at the central estimate
-    flat = scores(build("slo-calibrated-scorer", {"graded": False}), info)
+    flat = scores(
+        build("slo-calibrated-scorer", {"graded": False, "whenNoneMeet": "closest"}), info
+    )
     assert flat["slow"] > flat["fast"]  # ungraded: the margin's smallest miss (the old way)
     # Where some endpoint meets with the margin, the central estimate is not consulted.
     info = graded_info(
@@ -259,16 +261,13 @@ def test_none_feasible_even_at_the_central_estimate_falls_back_as_documented():
         central={"fast": (250.0, 24.0), "slow": (180.0, 30.0)},
     )
     # closest, on the central estimate: slow misses by 20 %, fast by 67 % (its TPOT met)
-    closest = scores(build("slo-calibrated-scorer"), info)
+    closest = scores(build("slo-calibrated-scorer", {"whenNoneMeet": "closest"}), info)
     assert 0.5 > closest["slow"] > closest["fast"]
     # tpotFirst: fast meets the TPOT target, slow cannot: fast first whatever the TTFT
-    first = scores(build("slo-calibrated-scorer", {"tpotFirst": True}), info)
-    assert 0.5 > first["fast"] > first["slow"]
-    # default: 0.5 everywhere, the other scorers decide (tpotFirst: slow excluded first)
-    assert scores(build("slo-calibrated-scorer", {"whenNoneMeet": "default"}), info) == {
-        "fast": 0.5,
-        "slow": 0.5,
-    }
+    first = build("slo-calibrated-scorer", {"whenNoneMeet": "closest", "tpotFirst": True})
+    assert 0.5 > scores(first, info)["fast"] > scores(first, info)["slow"]
+    # default (the config's): 0.5 everywhere, the other scorers decide
+    assert scores(build("slo-calibrated-scorer"), info) == {"fast": 0.5, "slow": 0.5}
     both = build("slo-calibrated-scorer", {"whenNoneMeet": "default", "tpotFirst": True})
     assert scores(both, info) == {"fast": 0.5, "slow": 0.0}
 
