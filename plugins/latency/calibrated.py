@@ -24,12 +24,13 @@ default) scores over the central estimates instead, so the endpoints that meet t
 the margin exists to keep a request off an endpoint that merely looks feasible; when none
 looks feasible with it, the central estimate is the best information left, and a miss
 inflated by the margin ranks endpoints partly by the width of their error bars (z·σ of
-each) rather than by how close they are expected to come. When none meets even there, `whenNoneMeet: default` (the default, and
-the tuning half's choice) scores 0.5 everywhere so the profile's other scorers — the EPP's
-default choice — decide; `closest` prefers the smallest miss of the central estimate
-(`graded: false`: of the margin's). `tpotFirst` ranks, in that fallback, the endpoints
-whose calibrated TPOT (their measured inter-token latency) misses the TPOT target below
-the rest (lower on the tuning half of `bench/slo_family.py`; off).
+each) rather than by how close they are expected to come. When none meets even there,
+`whenNoneMeet: default` (the default, and the tuning half's choice) scores 0.5 everywhere
+so the profile's other scorers — the EPP's default choice — decide; `closest` prefers
+the smallest miss of the central estimate (`graded: false`: of the margin's).
+`tpotFirst` ranks, in that fallback, the endpoints whose calibrated TPOT (their measured
+inter-token latency) misses the TPOT target below the rest (lower on the tuning half of
+`bench/slo_family.py`; off).
 
 Ties (every endpoint safe and no tight request harmed, e.g. an idle pool) score equally:
 the profile's other scorers break them (with `config/slo-calibrated.yaml` the token-load
