@@ -22,6 +22,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "plugins.filters.prefix_affinity",
     "plugins.filters.roles",
     "plugins.latency.admitter",
+    "plugins.latency.calibrated",
     "plugins.latency.externality",
     "plugins.latency.producer",
     "plugins.latency.scorer",

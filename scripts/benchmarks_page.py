@@ -42,7 +42,7 @@ ORDER = [
     "request_path_cost",
     "response_path_cpu",
     "response_path_latency",
-    "slo_externality_reporting_virtual",
+    "slo_calibrated_reporting_virtual",
     "flow_control",
     "overload_eviction",
     "body_flood",

@@ -94,6 +94,16 @@ class SloExternalityScorer(Plugin):
             return [NEUTRAL] * len(endpoints)
         if any(e.name not in info.predictions for e in endpoints):
             return [NEUTRAL] * len(endpoints)
+        return self.scores_for(info, state, request, endpoints)
+
+    def scores_for(
+        self,
+        info: LatencyPredictionInfo,
+        state: CycleState,
+        request: InferenceRequest,
+        endpoints: list[EndpointSnapshot],
+    ) -> list[float]:
+        """The scores over `info`'s predictions (a prediction for every endpoint)."""
         prefix = state.read(PREFIX_MATCH_KEY)
         prompt = request.prompt_tokens_estimate
         ms_per_token = 1000.0 / self.params.prefill_tokens_per_second
