@@ -73,10 +73,14 @@ DEFAULT_CONFIG = """\
 # the prefix-cache affinity filter keeps the endpoints that already hold the prompt while
 # their first token would come no more than maxTTFTPenaltyMs later than a cold server's,
 # the token-load scorer spreads by the tokens the EPP has in flight (a burst is balanced
-# before any scrape reports it) plus what this request would prefill there. The default of
-# upstream (GIE `pkg/epp/config/loader/defaults.go`: queue 2, KV cache 2, prefix 3) is
-# config/prefix-weighted.yaml; docs/BENCHMARKS.md compares them ("Routing vs Envoy
-# round-robin on named workloads").
+# before any scrape reports it) plus what this request would prefill there. A request
+# that carries its targets (x-slo-ttft-ms / x-slo-tpot-ms) is also placed by them
+# (config/slo-calibrated.yaml, explained in docs/plugins.md): predictions that know the
+# queue, corrected by what each endpoint measured; a request without targets scores the
+# same on every endpoint there, so it routes exactly as config/prefix-aware.yaml would.
+# The default of upstream (GIE `pkg/epp/config/loader/defaults.go`: queue 2, KV cache 2,
+# prefix 3) is config/prefix-weighted.yaml; docs/BENCHMARKS.md compares them ("Routing vs
+# Envoy round-robin on named workloads").
 apiVersion: inference.networking.x-k8s.io/v1alpha1
 kind: EndpointPickerConfig
 plugins:
@@ -87,6 +91,7 @@ plugins:
     maxPrefixTokensToMatch: 0     # > 0 overrides the cap above (in tokens)
     lruCapacityPerServer: 31250   # blocks per endpoint when num_gpu_blocks is unknown
     autoTune: true                # block_size / num_gpu_blocks from vllm:cache_config_info
+- type: calibrated-latency-producer  # requests with targets only; defaults chosen on a tuning set
 - type: prefix-cache-affinity-filter
   parameters:
     affinityThreshold: 0.8
@@ -97,6 +102,9 @@ plugins:
     includeRequest: true
     cachedPenaltyFactor: 2
     evictionCost: true
+- type: slo-calibrated-scorer
+  parameters:
+    harmWeight: 0.1
 - type: token-load-scorer
   parameters:
     perRequestTokens: 128
@@ -107,6 +115,8 @@ schedulingProfiles:
 - name: default
   plugins:
   - pluginRef: prefix-cache-affinity-filter
+  - pluginRef: slo-calibrated-scorer
+    weight: 2
   - pluginRef: token-load-scorer
     weight: 1
   - pluginRef: prefix-cache-scorer

@@ -14,7 +14,8 @@ The producer writes the same `LatencyPredictionInfo` as `predicted-latency-produ
 Both learn in `post_response` (the response path must be on: `epp serve --response-path
 on`; without it the cold values and no correction apply) from the pick-time snapshot and
 the measured TTFT / mean inter-token latency. The request path does a few multiplications
-and dictionary reads per endpoint.
+and dictionary reads per endpoint; a request without targets, none (and until one with
+targets arrives, nothing is learned, so a pool without targets pays nothing per response).
 
 The scorer is `slo-externality-scorer` (own band, minus the harm a prefill does to tight
 requests in flight) read over these predictions, with a graded fallback. The producer
@@ -144,6 +145,10 @@ class CalibratedLatencyProducer(Plugin):
         self._clock = handle.clock
         handle.on_pool_change(self._pool_changed)
         self.finished = 0
+        # Learning starts with the first request that carries a target (or at once when a
+        # default target is set): a pool whose requests carry none, the common case under
+        # the default config, pays one flag test per request and nothing per response.
+        self.learning = params.default_ttft_slo_ms > 0 or params.default_tpot_slo_ms > 0
 
     def _slo(self, request: InferenceRequest) -> tuple[float | None, float | None]:
         return request_slo(
@@ -158,6 +163,10 @@ class CalibratedLatencyProducer(Plugin):
         prefix = state.read(PREFIX_MATCH_KEY)
         prompt = request.prompt_tokens_estimate
         slo_ttft, slo_tpot = self._slo(request)
+        if slo_ttft is None and slo_tpot is None:
+            # No target to place against: the scorer is neutral, nothing to predict.
+            return CalibratedPredictionInfo({}, None, None, central={})
+        self.learning = True
         cls = request_class(slo_ttft, slo_tpot, self.params.tight_ttft_ms)
         learned = self.finished >= self.params.min_samples
         speeds, factors, now = self.speeds, self.calibration.factors, self._clock()
@@ -182,7 +191,7 @@ class CalibratedLatencyProducer(Plugin):
     def post_response(
         self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
     ) -> None:
-        if not response.ok or response.endpoint != endpoint.name:
+        if not self.learning or not response.ok or response.endpoint != endpoint.name:
             return
         if math.isnan(response.ttft_ms) and math.isnan(response.itl_ms):
             return

@@ -70,14 +70,16 @@ async def test_status_json_has_pool_decisions_and_per_scorer_scores():
     assert all(e["healthy"] and e["last_score"] is not None for e in s["endpoints"])
     assert s["decisions_total"] == 3 and len(s["decisions"]) == 3
     prof = s["decisions"][0]["profiles"]["default"]
-    # The default config: token-load ×1, prefix ×1e-7 (config/default.yaml).
+    # The default config: SLO ×2 (0.5 everywhere for a request without targets),
+    # token-load ×1, prefix ×1e-7 (config/default.yaml).
     assert [(x["name"], x["weight"]) for x in prof["scorers"]] == [
+        ("slo-calibrated-scorer", 2.0),
         ("token-load-scorer", 1.0),
         ("prefix-cache-scorer", 1e-7),
     ]
     weights = [x["weight"] for x in prof["scorers"]]
     for e in prof["endpoints"]:
-        # total = Σ weight × clamp(score, 0, 1), e.g. 1×1 + 1e-7×0 = 1 on an idle pool
+        # total = Σ weight × clamp(score, 0, 1), e.g. 2×0.5 + 1×1 + 1e-7×0 = 2 on an idle pool
         expect = sum(w * min(1.0, max(0.0, x)) for w, x in zip(weights, e["scores"], strict=True))
         assert math.isclose(e["total"], expect, abs_tol=1e-3), e
     assert s["decisions"][0]["target"] in prof["targets"]

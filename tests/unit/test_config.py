@@ -31,18 +31,31 @@ def test_builtin_default_is_sticky_until_saturated():
     (profile,) = cfg.scheduler.profiles.values()
     assert [f.type_name for f in profile.filters] == ["prefix-cache-affinity-filter"]
     assert [(s.scorer.type_name, s.weight) for s in profile.scorers] == [
+        ("slo-calibrated-scorer", 2.0),
         ("token-load-scorer", 1.0),
         ("prefix-scorer", 1e-7),
     ]
     assert profile.picker.type_name == "max-score-picker"
     assert cfg.scheduler.handler.type_name == "single-profile-handler"
-    assert [p.type_name for p in cfg.scheduler.producers] == ["approx-prefix-cache-producer"]
-    # The shipped file is the same text, and the same plugins as config/prefix-aware.yaml
-    # (which explains every parameter); upstream's weighted blend is prefix-weighted.yaml.
+    assert [p.type_name for p in cfg.scheduler.producers] == [
+        "approx-prefix-cache-producer",
+        "calibrated-latency-producer",
+    ]
+    # The shipped file is the same text: the plugins of config/slo-calibrated.yaml, which
+    # are config/prefix-aware.yaml's (each parameter explained there) plus the SLO pair;
+    # upstream's weighted blend is prefix-weighted.yaml.
     config = Path(__file__).resolve().parents[2] / "config"
     assert (config / "default.yaml").read_text() == DEFAULT_CONFIG
-    aware = yaml.safe_load((config / "prefix-aware.yaml").read_text())
-    assert yaml.safe_load(DEFAULT_CONFIG) == aware
+    explained = load_config_file(config / "slo-calibrated.yaml")
+    assert [(p.type_name, getattr(p, "params", None)) for p in cfg.plugins.values()] == [
+        (p.type_name, getattr(p, "params", None)) for p in explained.plugins.values()
+    ]
+    default = yaml.safe_load(DEFAULT_CONFIG)
+    slo = {"calibrated-latency-producer", "slo-calibrated-scorer"}
+    default["plugins"] = [p for p in default["plugins"] if p["type"] not in slo]
+    (profile_doc,) = default["schedulingProfiles"]
+    profile_doc["plugins"] = [p for p in profile_doc["plugins"] if p["pluginRef"] not in slo]
+    assert default == yaml.safe_load((config / "prefix-aware.yaml").read_text())
 
 
 def test_upstream_style_config_with_aliases_and_data_layer_loads():

@@ -305,3 +305,17 @@ def test_the_config_loads_and_refuses_a_second_latency_producer(tmp_path):
 
 def test_requests_without_targets_route_as_the_default_config():
     route_as_default("slo-calibrated.yaml")
+    route_as_default("default.yaml")  # the built-in default carries the SLO pair
+
+
+def test_without_a_request_with_targets_the_producer_predicts_and_learns_nothing():
+    producer = build("calibrated-latency-producer", {"minSamples": 1})
+    a = busy("a", 0)
+    plain = request(40, None, None)
+    info = producer.produce(CycleState(), plain, [a])
+    assert not info.has_slo and info.predictions == {}
+    producer.post_response(plain, record("a", 50.0, 40.0), a)
+    assert producer.finished == 0  # a pool without targets pays nothing per response
+    producer.produce(CycleState(), request(40, 150.0, 25.0), [a])  # the first target
+    producer.post_response(plain, record("a", 50.0, 40.0), a)
+    assert producer.finished == 1

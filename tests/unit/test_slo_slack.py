@@ -132,10 +132,10 @@ def test_equal_slack_is_broken_by_in_flight_tokens_as_documented():
 
 @pytest.mark.parametrize("config", ["slo-slack.yaml", "slo-externality.yaml"])
 def test_requests_without_targets_route_as_the_default_config(config):
-    from epp.config.loader import load_default_config
-
+    # The sticky routing without SLO plugins (config/prefix-aware.yaml, which the default
+    # config is for a request without targets).
     slack = load_config_file(ROOT / "config" / config, Handle(rng=random.Random(0)))
-    default = load_default_config(Handle(rng=random.Random(0)))
+    default = load_config_file(ROOT / "config" / "prefix-aware.yaml", Handle(rng=random.Random(0)))
     rng = random.Random(5)
     for _ in range(50):
         eps = [

@@ -34,6 +34,9 @@ SAFE_TYPES = frozenset(
         "prefix-scorer",
         "max-score-picker",
         "single-profile-handler",
+        # read `cached_tokens` only, and only for a request with SLO targets
+        "calibrated-latency-producer",
+        "slo-calibrated-scorer",
     }
 )
 
