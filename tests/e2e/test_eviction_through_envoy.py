@@ -9,6 +9,12 @@ client sees (a 429 with `x-llm-d-request-dropped-reason: evicted-priority` befor
 response started; an SSE error event naming it, then the reset, after), that exactly one
 request was evicted, that the simulator counted it aborted, and that every in-flight
 count came back to zero.
+
+Placement is made exact: the detector is also the profile's first filter, so a server
+at its 2 takes nothing more. Without it the scorers place by the servers' scraped
+metrics, which lag what the EPP has just sent: a filler can queue on a full server and
+the critical request can land on a full server rather than in the evicted one's slot,
+and then waits there for a filler to finish (the pool-wide eviction itself still works).
 """
 
 import asyncio
@@ -22,6 +28,7 @@ from epp.harness.localstack import LocalStack
 from tests.e2e.client import send
 from tests.e2e.conftest import SIM_ARGS
 from tests.e2e.test_flow_control_through_envoy import metric
+from tests.eventually import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -35,8 +42,9 @@ SHIPPED = Path(__file__).resolve().parents[2] / "config" / "flow-control.yaml"
 
 
 def eviction_args(d: Path, enable: bool = True) -> list[str]:
-    """The shipped flow-control config, 2 slots per server, sheddable requests allowed up
-    to full saturation (so they can fill the pool), eviction on."""
+    """The shipped flow-control config, 2 slots per server (the detector also filters,
+    so no server is sent a third), sheddable requests allowed up to full saturation (so
+    they can fill the pool), eviction on."""
     objectives = d / "objectives.yaml"
     objectives.write_text(
         "objectives:\n- {name: critical, priority: 100}\n- {name: batch, priority: -1}\n"
@@ -48,6 +56,10 @@ def eviction_args(d: Path, enable: bool = True) -> list[str]:
         (
             "  usageLimitPolicyPluginRef:",
             f"  enableEviction: {str(enable).lower()}\n  usageLimitPolicyPluginRef:",
+        ),
+        (
+            "  plugins:\n  - pluginRef: queue-scorer",
+            "  plugins:\n  - pluginRef: concurrency-detector\n  - pluginRef: queue-scorer",
         ),
     ):
         assert old in text
@@ -69,12 +81,9 @@ async def running(session, murl: str) -> float:
     return await metric(session, murl, "inference_objective_running_requests")
 
 
-async def wait_until(cond, what: str, tries: int = 1200) -> None:
-    for _ in range(tries):
-        if await cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+async def wait_until(cond, what: str) -> None:
+    """Until `cond` holds; the deadline only bounds a broken run on a loaded machine."""
+    await eventually(cond, what, timeout=120, interval=0.05)
 
 
 class RawStream:
@@ -140,6 +149,7 @@ async def test_eviction_before_the_response_starts_is_a_429_with_the_reason(evic
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         refused0 = await metric(s, murl, "epp_requests_refused_total", reason="evicted-priority")
         issued0 = await metric(s, murl, "llm_d_epp_flow_control_revocations_issued_total")
+        aborted0 = await _sims_aborted(s, sims)
         # 4 slots (2 servers x maxConcurrency 2), 4 non-streamed sheddable requests: their
         # responses start only when they finish, so the victim is still before its response.
         fillers = await fill(s, url, murl, 4)
@@ -147,10 +157,13 @@ async def test_eviction_before_the_response_starts_is_a_429_with_the_reason(evic
         # The server was told: Envoy reset the evicted upstream request, the simulator
         # aborted it (as vLLM aborts a request whose client left) and freed its slot,
         # while the three others still run.
-        await wait_until(lambda: _sims_holding(s, sims, 3), "the evicted request aborted")
+        await wait_until(
+            lambda: _sims_aborted_reached(s, sims, aborted0 + 1), "the evicted request aborted"
+        )
         still_running = [not t.done() for t in fillers]
         done = await asyncio.gather(*fillers)
         await wait_until(lambda: _zero(s, murl), "in-flight counts back to 0")
+        aborted = await _sims_aborted(s, sims)
         refused = await metric(s, murl, "epp_requests_refused_total", reason="evicted-priority")
         issued = await metric(s, murl, "llm_d_epp_flow_control_revocations_issued_total")
         confirmed = await metric(
@@ -166,15 +179,20 @@ async def test_eviction_before_the_response_starts_is_a_429_with_the_reason(evic
     assert headers.get(REASON) == "evicted-priority"
     assert body["error"]["code"] == "evicted" and "higher priority" in body["error"]["message"]
     assert refused == refused0 + 1 and issued == issued0 + 1 and confirmed >= 1
+    assert aborted == aborted0 + 1  # the evicted one, and nothing else
 
 
-async def _sims_holding(session, sims: list[str], n: int) -> bool:
-    """The simulators hold `n` requests (running or queued), wherever the EPP put them."""
-    total = 0.0
+async def _sims_aborted(session, sims: list[str]) -> int:
+    """Requests the simulators aborted (client gone), wherever the EPP put them."""
+    total = 0
     for u in sims:
-        total += await metric(session, u, "vllm:num_requests_running")
-        total += await metric(session, u, "vllm:num_requests_waiting")
-    return total == n
+        async with session.get(u + "/admin") as r:
+            total += (await r.json())["stats"]["requests_aborted"]
+    return total
+
+
+async def _sims_aborted_reached(session, sims: list[str], n: int) -> bool:
+    return await _sims_aborted(session, sims) >= n
 
 
 async def _zero(session, murl: str) -> bool:
