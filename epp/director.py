@@ -27,6 +27,7 @@ from epp.observability import (
     REQUESTS_TOTAL,
     RUNNING_REQUESTS,
     SCHEDULER_ATTEMPTS,
+    UNTIMED,
     adder,
     labelled,
     model_label,
@@ -135,6 +136,12 @@ class Director:
         self.decision_sinks: list[Callable[[InferenceRequest, SchedulingResult], None]] = []
         self._adders: dict[tuple[str, str, str, int, int], tuple[Adder, Adder, Adder]] = {}
         self._running: dict[str, Adder] = {}  # model label → the running-requests gauge
+
+    def stop_timing(self) -> None:
+        """Record no plugin durations, the scheduler's nor the pre-request hooks'
+        (`Scheduler.stop_timing`)."""
+        self.scheduler.stop_timing()
+        self._pre_timers = [UNTIMED] * len(self.pre_request)
 
     def candidates(
         self, request: InferenceRequest, subset: Sequence[str] | None

@@ -71,6 +71,18 @@ def set_build_info(commit: str) -> None:
     INFO.labels(commit=commit, build_ref=__version__).set(1)
 
 
+class _Untimed:
+    """A timer child that records nothing (`Scheduler.stop_timing`)."""
+
+    __slots__ = ()
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+UNTIMED = _Untimed()
+
+
 def plugin_timer(extension_point: str, plugin: object):
     """The `inference_extension_plugin_duration_seconds` child of one plugin at one
     extension point (GIE's names: PrepareData, ProfilePicker, Filter, Scorer, Picker,

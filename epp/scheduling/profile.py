@@ -10,7 +10,7 @@ import numpy as np
 
 from epp.datastore import EndpointSnapshot
 from epp.errors import EppError, plugin_failed
-from epp.observability import PLUGIN_DURATION
+from epp.observability import PLUGIN_DURATION, UNTIMED
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Filter, Picker, Scorer
 from epp.scheduling.types import CycleState, ProfileResult, ScoreBreakdown, ScoredEndpoints
@@ -49,6 +49,12 @@ class SchedulerProfile:
         self._scorer_names = tuple(
             (getattr(s.scorer, "name", "") or type(s.scorer).__name__, s.weight) for s in scorers
         )
+
+    def stop_timing(self) -> None:
+        """Record no plugin durations (`Scheduler.stop_timing`)."""
+        self._filter_timers = [UNTIMED] * len(self.filters)
+        self._scorer_timers = [UNTIMED] * len(self.scorers)
+        self._picker_timer = UNTIMED
 
     def run(
         self, state: CycleState, request: InferenceRequest, candidates: list[EndpointSnapshot]

@@ -6,7 +6,7 @@ import time
 
 from epp.datastore import EndpointSnapshot
 from epp.errors import SATURATED, EppError, internal_error, plugin_failed, unavailable
-from epp.observability import SCHEDULER_E2E, plugin_timer
+from epp.observability import SCHEDULER_E2E, UNTIMED, plugin_timer
 from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Admitter, DataProducer, Preparer, ProfileHandler
 from epp.scheduling.profile import SchedulerProfile
@@ -36,6 +36,16 @@ class Scheduler:
         self._pick_timer = plugin_timer("ProfilePicker", handler)
         self._results_timer = plugin_timer("ProcessProfilesResults", handler)
         self.preparers = [p for p in self.producers if isinstance(p, Preparer) and p.prepares]
+
+    def stop_timing(self) -> None:
+        """Record no plugin durations from here on (every profile's too): for a caller
+        that reads none, such as the planner's replay, which schedules a day of requests
+        in virtual time, where wall-clock plugin timings would mean nothing."""
+        self._producer_timers = [UNTIMED] * len(self.producers)
+        self._admit_timers = [UNTIMED] * len(self.admitters)
+        self._pick_timer = self._results_timer = UNTIMED
+        for profile in self.profiles.values():
+            profile.stop_timing()
 
     def prepare(self, request: InferenceRequest) -> CycleState:
         """The cycle state with every producer's request-only work done (`Preparer`);

@@ -390,6 +390,12 @@ class VirtualEngine:
             used += self._run_new_blocks(run, self._started_before(run, now))
         return base[0], base[1], used / self.kv.num_blocks
 
+    def steady(self) -> tuple[int, int, int, int] | None:
+        """A token that stays the very same object for as long as `gauges()` gives the same
+        values at any time (no decode run pending, queues unchanged), else None: a pool
+        scraping every replica at every arrival skips the ones that cannot have moved."""
+        return self._base if self._run is None else None
+
     def _started_before(self, run: _DecodeRun, t: float) -> int:
         """`run.started_before(t)`, remembered with the budgets it holds for: the same
         answer while `t - run.start` stays within (total(m - 1), total(m)], the very

@@ -64,6 +64,7 @@ class Replica:
     in_flight: int = 0  # requests routed here and not yet finished
     seq: int = 0  # start order (the order every per-replica walk keeps)
     due_version: int = 0  # the pool's heap entry for this replica that is current
+    scraped: object = None  # the engine's `steady()` token at its last scrape
 
     def gpu_seconds(self, start: float, end: float) -> float:
         """GPU-seconds this replica held within [start, end)."""
@@ -94,8 +95,9 @@ class PoolShape:
     block_tokens: int = 512  # the trace's prefix-block size (Mooncake: 512)
     routing: Routing = DEFAULT_ROUTING
 
-    def router(self, seed: int) -> EppRouter:
-        """A fresh router for one replay (empty prefix index, seeded tie-breaks)."""
+    def router(self, seed: int, *, unique_prompts: bool = False) -> EppRouter:
+        """A fresh router for one replay (empty prefix index, seeded tie-breaks);
+        `unique_prompts`: no request shares a prefix block (`unique_prompts.py`)."""
         return EppRouter(
             self.routing.text,
             self.routing.source,
@@ -103,6 +105,7 @@ class PoolShape:
             block_tokens=self.block_tokens,
             cache_block_size=self.sim.block_size,
             cache_num_blocks=self.sim.num_gpu_blocks,
+            unique_prompts=unique_prompts,
         )
 
     def __post_init__(self) -> None:
@@ -145,9 +148,10 @@ class Pool:
         seed: int = 0,
         spares: Spares | None = None,
         lazy: bool = True,
+        unique_prompts: bool = False,
     ) -> None:
         self.shape = shape
-        self.router = shape.router(seed)
+        self.router = shape.router(seed, unique_prompts=unique_prompts)
         self._by_name: dict[str, Replica] = {}
         self.role = role
         self.spares = spares or Spares()
@@ -332,8 +336,16 @@ class Pool:
         router = self.router
 
         def loads():
+            # a replica whose engine has stayed steady since its last scrape would give
+            # the values the router holds already (it writes only changes): skipped
             for r in ready:
-                yield r.name, *r.engine.gauges(now)
+                engine = r.engine
+                token = engine.steady()
+                if token is not None and token is r.scraped:
+                    continue
+                gauges = engine.gauges(now)
+                r.scraped = engine.steady()
+                yield r.name, *gauges
 
         router.settle(now, loads)
         rep = self._by_name[router.pick(rid, isl, osl, hash_ids)]

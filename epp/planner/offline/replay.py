@@ -139,7 +139,8 @@ def replay(
         raise ValueError("no arrivals to replay")
     if initial < 0:
         raise ValueError("initial must be >= 0")
-    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy)
+    unique = not any(a.hash_ids for a in arrivals)  # ServeGen, Azure: no shared blocks
+    pool = Pool(shape, seed=seed, spares=spares, lazy=lazy, unique_prompts=unique)
     return _Replay(arrivals, policy, pool, initial, seed, max_tail_s, progress).run()
 
 
@@ -294,14 +295,16 @@ class _Replay:
 
     def _sample(self) -> None:
         ready = self.pool.of(State.READY)
-        loads = [self.pool.load(r) for r in ready]
-        kv = math.fsum(ld.kv_usage for ld in loads) / len(loads) if loads else 0.0
+        now = self.pool.now
+        # (waiting, running, KV use) per replica: `load()`'s values without the tokens left
+        gauges = [r.engine.gauges(now) for r in ready]
+        kv = math.fsum(g[2] for g in gauges) / len(gauges) if gauges else 0.0
         self.window.sample(
             [
                 PoolSample(
                     self.role,
-                    waiting=sum(ld.waiting for ld in loads) + len(self.held),
-                    running=sum(ld.running for ld in loads),
+                    waiting=sum(g[0] for g in gauges) + len(self.held),
+                    running=sum(g[1] for g in gauges),
                     kv_mean=kv,
                     ready=len(ready),
                 )

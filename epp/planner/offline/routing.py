@@ -37,6 +37,7 @@ from epp.composition import install_plugins
 from epp.config.loader import LoadedConfig, load_config_text
 from epp.datastore import Datastore, Endpoint, EndpointMetrics
 from epp.director import Director, RoutingDecision
+from epp.planner.offline import unique_prompts as unique_prompts_path
 from epp.request import InferenceRequest
 from epp.scheduling.registry import Handle
 
@@ -65,6 +66,7 @@ class EppRouter:
         cache_block_size: int,
         cache_num_blocks: int,
         scrape_s: float = SCRAPE_S,
+        unique_prompts: bool = False,
     ) -> None:
         self.now = 0.0
         clock = self._clock
@@ -79,10 +81,15 @@ class EppRouter:
             handle_config.pre_request,
             rng=random.Random(seed),
         )
+        # plugin durations in virtual time mean nothing and nobody reads them
+        self.director.stop_timing()
         # what `epp serve` calls after a membership change (the prefix indexes' PoolWatch)
         self._prunes = [
             p.prune for p in handle_config.plugins.values() if callable(getattr(p, "prune", None))
         ]
+        # no prompt shares a block with another: the prefix index only counts
+        # (`unique_prompts`), when the config allows it
+        self.unique_prompts = unique_prompts and unique_prompts_path.install(handle_config)
         self.block_tokens = block_tokens
         self.geometry = (cache_block_size, cache_num_blocks)
         self.scrape_s = scrape_s
@@ -170,6 +177,8 @@ class EppRouter:
 
     def pick(self, rid: int, isl: int, osl: int, hash_ids: Sequence[int]) -> str:
         """The director's pick for the request (its hold taken, its prefix recorded)."""
+        if self.unique_prompts and hash_ids:
+            raise ValueError(f"request {rid} shares prefix blocks in a unique-prompt replay")
         request = InferenceRequest(
             request_id=str(rid),
             model=MODEL,
