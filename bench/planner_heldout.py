@@ -1,6 +1,6 @@
-"""The planner on production days it was not tuned on: ServeGen slices replayed against static-peak, the oracle and the field.
+"""The planner on production days it was not tuned on: ServeGen slices against the field.
 
-    python bench/planner_heldout.py --slices 172:12,213:12 --scale 0.03 \
+    python bench/planner_heldout.py --slices 172:12,213:12 --scale 0.015 \
         --preset llama-3.1-70b-4xh100 --startups 100,300 --suite planner_heldout
 
 Generates each slice with `epp plan servegen` (ServeGen's `language-m-small`, seed 0;
@@ -82,7 +82,7 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slices", default="172:12,213:12", metavar="START:HOURS,...")
-    ap.add_argument("--scale", type=float, default=0.03)
+    ap.add_argument("--scale", type=float, default=0.015)
     ap.add_argument("--preset", default="llama-3.1-70b-4xh100")
     ap.add_argument("--startups", default="100,300", metavar="S1,S2")
     ap.add_argument("--policies", default=POLICIES)

@@ -176,6 +176,18 @@ def test_reversals_and_actions_on_a_scripted_run():
     assert (s.actions, s.reversals) == (4, 1)
 
 
+def test_the_summary_counts_the_decisions_that_said_start_up_bound():
+    # Decisions at 10, 20, 30 s; the second and third carry the SLA mode's diagnostic
+    # (1.0: missed while replicas started), the first says 0.0: two counted.
+    def said(at: float, bound: float) -> Decision:
+        return Decision(at=at, targets={A: 1}, reason="", diagnostics={"startup_bound": bound})
+
+    decisions = (said(10.0, 0.0), said(20.0, 1.0), said(30.0, 1.0))
+    run = Run("x", (), (), 0, (), decisions, (), 40.0, 30.0, 0)
+    s = summarize(run, Sla(100, 10), 10.0)
+    assert s.startup_bound == 2 and s.as_json()["startup_bound_decisions"] == 2
+
+
 def test_intervals_over_the_gpu_budget_count_starting_replicas():
     # 1 replica, then 3 at t=10 s (two starting until 30 s): 3 GPUs held from 10 s on.
     # Against a budget of 2, every 10 s interval from [10, 20) on is over it.
