@@ -427,3 +427,31 @@ def test_the_lazy_pool_replays_exactly_as_advancing_every_replica(caching):
     assert lazy.lifetimes == eager.lifetimes and lazy.actions == eager.actions
     assert lazy.steps == eager.steps and lazy.end == eager.end
     assert len(lazy.actions) >= 5 and any(lt.drain_from < math.inf for lt in lazy.lifetimes)
+
+
+def test_a_given_static_peak_is_replayed_once_not_searched(tmp_path, capsys):
+    # The search on this trace finds its size by replaying several; --static-peak N
+    # replays N alone and says so, and a size below 1 is one line and exit 2.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": a.t_s * 1000, "input_length": a.isl, "output_length": a.osl})
+            + "\n"
+            for a in poisson(120, 20.0, seed=8)
+        )
+    )
+
+    def peak(*extra: str) -> tuple[dict, str]:
+        out_json = tmp_path / "out.json"
+        code, out, _ = run_cli(
+            capsys, "--trace", str(trace), "--preset", "tiny", "--interval", "5", "--compare",
+            "--policies", "static-peak", "--json", str(out_json), *extra,
+        )  # fmt: skip
+        assert code == 0
+        return next(p for p in json.loads(out_json.read_text())["policies"]), out
+
+    (searched, said), (given, says) = peak(), peak("--static-peak", "3")
+    assert searched["initial_replicas"] != 3 and "given" not in said
+    assert given["initial_replicas"] == 3 and "3 given (--static-peak), not searched" in says
+    code, _, err = run_cli(capsys, "--trace", str(trace), "--compare", "--static-peak", "0")
+    assert code == 2 and "--static-peak must be an integer >= 1, got 0" in err and err.count("\n") == 1
