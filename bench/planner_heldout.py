@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +40,34 @@ def epp(*args: str) -> list[str]:
     return [sys.executable, "-m", "epp.cli", *args]
 
 
+def replay(args: argparse.Namespace, trace: Path, out: Path, policies: str, extra: list[str]):
+    if out.exists() and not args.rerun:
+        return json.loads(out.read_text())
+    cmd = epp(
+        "plan", "replay", "--trace", str(trace), "--preset", args.preset, "--compare",
+        "--policies", policies, "--jobs", str(args.jobs), "--json", str(out), *extra,
+    )  # fmt: skip
+    if args.planner:
+        cmd += ["--planner", args.planner]
+    print(f"{trace.name}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True)
+    cpu = os.times()
+    print(
+        f"{trace.name}: done ({cpu.children_user + cpu.children_system:.0f} CPU s so far)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return json.loads(out.read_text())
+
+
 def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
-    """One slice: its trace, then its comparison (or the JSON a previous run left)."""
+    """One slice: its trace, then its replays (or the JSON a previous run left). The
+    first start-up delay runs `--policies`; each later one `epp` (and the oracle, once,
+    when `--policies` left it out) with static-peak's size from the first, so the
+    search is not repeated; the comparisons are merged into one document."""
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     trace = work / f"servegen-h{start}-{hours}h-x{args.scale:g}.jsonl"
-    out = work / f"{trace.stem}-{args.preset}-{args.tag}.json"
     if not trace.exists():
         subprocess.run(
             epp("plan", "servegen", str(args.servegen), "--start-hour", str(start),
@@ -54,29 +75,59 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
                 "-o", str(trace)),
             check=True,
         )  # fmt: skip
-    if not out.exists() or args.rerun:
-        cmd = epp(
-            "plan", "replay", "--trace", str(trace), "--preset", args.preset, "--compare",
-            "--policies", args.policies, "--sweep-startup", args.startups,
-            "--jobs", str(args.jobs), "--json", str(out),
+    startups = [s.strip() for s in args.startups.split(",")]
+    stem = f"{trace.stem}-{args.preset}-{args.tag}"
+    docs = [
+        replay(args, trace, work / f"{stem}-{startups[0]}.json", args.policies,
+               ["--startup-s", startups[0]] + (["--sweep"] if args.sweep else []))
+    ]  # fmt: skip
+    peak = policy(docs[0], "static-peak")["initial_replicas"]
+    oracle = "oracle" in args.policies.split(",")
+    for s in startups[1:]:
+        more = "static-peak,epp" + ("" if oracle else ",oracle")
+        oracle = True
+        docs.append(
+            replay(args, trace, work / f"{stem}-{s}.json", more,
+                   ["--startup-s", s, "--static-peak", str(peak)])
         )  # fmt: skip
-        if args.sweep:
-            cmd.append("--sweep")
-        if args.planner:
-            cmd += ["--planner", args.planner]
-        t0 = time.process_time()
-        print(f"slice h{start}+{hours}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True)
-        cpu = os.times()
-        print(
-            f"slice h{start}+{hours}: done ({cpu.children_user + cpu.children_system:.0f} "
-            f"CPU s so far, this process {time.process_time() - t0:.0f})",
-            file=sys.stderr,
-            flush=True,
-        )
-    doc = json.loads(out.read_text())
+    doc = merge(docs)
     doc["trace"] = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
     return doc
+
+
+def policy(doc: dict, name: str) -> dict:
+    return next(p for p in doc["policies"] if p["name"] == name)
+
+
+def merge(docs: list[dict]) -> dict:
+    """One document with a comparison per start-up delay (the `startup_sweep` form
+    `planner_frontier.rows_of` reads): static-peak and the oracle do not depend on the
+    delay, so each comparison gets them from whichever run has them, and its ratios
+    are recomputed against them."""
+    fixed: dict[str, dict] = {}
+    for d in docs:
+        for p in d["policies"]:
+            if p["name"] in ("static-peak", "oracle"):
+                fixed.setdefault(p["name"], p)
+    runs = []
+    for d in docs:
+        names = {p["name"] for p in d["policies"]}
+        pols = [fixed[n] for n in ("static-peak", "oracle") if n in fixed and n not in names]
+        pols += d["policies"]
+        base = {n: fixed[n]["gpu_hours"] for n in fixed}
+        pols = [
+            p | {
+                "gpu_hours_vs_static_peak": _ratio(p["gpu_hours"], base.get("static-peak")),
+                "gpu_hours_vs_oracle": _ratio(p["gpu_hours"], base.get("oracle")),
+            }
+            for p in pols
+        ]  # fmt: skip
+        runs.append(d | {"policies": pols, "startup_s": d["startup_s"]})
+    return docs[0] | {"startup_sweep": runs, "sweep": [s for d in docs for s in d.get("sweep", [])]}
+
+
+def _ratio(x: float, of: float | None) -> float | None:
+    return round(x / of, 4) if of else None
 
 
 def main() -> int:

@@ -581,39 +581,3 @@ def test_a_miss_while_replicas_start_is_reported_as_start_up_bound():
     kept = epp(pool="aggregated", startup_time=120)
     ok = _with_requests(base, [100] * 96 + [900] * 4, [5.0] * 100)
     assert kept.step(60, ok).diagnostics["startup_bound"] == 0.0
-
-
-def test_learned_rise_is_the_quantile_of_the_lead_time_rises_seen():
-    # Horizon 2: each interval's sample is the most of the next two less its own count.
-    # 100, 130, 120, 200, 150 -> 130-100 = 30, 200-130 = 70, 200-120 = 80 (the last two
-    # have no full lead time after them). Nearest rank: q 0.9 -> the 3rd of 3 (80), q 0.5
-    # -> the 2nd (70); at most the forecast again; falls only -> 0.
-    from epp.planner.core.sla_damping import LearnedRise
-
-    def learned(q: float, counts: list[float], history_s: float = 3600) -> LearnedRise:
-        r = LearnedRise(history_s, 60, q)
-        for c in counts:
-            r.observe(c)
-        return r
-
-    seen = [100, 130, 120, 200, 150]
-    assert learned(0.9, seen).headroom(1000, 2) == 80
-    assert learned(0.5, seen).headroom(1000, 2) == 70
-    assert learned(0.9, seen).headroom(50, 2) == 50
-    assert learned(0.9, [300, 200, 100]).headroom(1000, 2) == 0
-    assert learned(0.9, [100]).headroom(1000, 2) == 0  # nothing seen yet
-    # 180 s of history at 60 s keeps the last 3 intervals: 120, 200, 150 -> one sample, 80.
-    assert learned(0.9, seen, history_s=180).headroom(1000, 2) == 80
-    assert learned(0.9, [100, 300, 120, 130, 125], history_s=180).headroom(1000, 2) == 10
-
-
-def test_rise_history_replaces_the_fixed_factor_in_the_forecast():
-    # Start-up 60 s: horizon 2. Seen 1200, 1800, 1200: the one full sample is 1800-1200 =
-    # 600, so the next forecast (1200, constant) gets 600 of headroom and sizes as 1800
-    # does (5, test above), where the fixed factor (off here) would add nothing after a fall.
-    pol = epp(pool="aggregated", startup_time=60, rise_history=3600, forecast_quantile=0.9)
-    for t, n in ((60, 1200), (120, 1800)):
-        pol.step(t, obs(t, completions=n, osl=600, replicas=agg(3)))
-    d = pol.step(180, obs(180, completions=1200, osl=600, replicas=agg(5)))
-    assert d.diagnostics["rise_headroom_requests"] == pytest.approx(600.0)
-    assert d.predicted.requests == pytest.approx(1800.0) and d.targets == {A: 5}

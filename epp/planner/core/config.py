@@ -218,16 +218,6 @@ class BeyondParams:
         "the forecast again; 0: off. 0.5 from an ablation on the tuning traces (Azure, "
         "Mooncake)",
     )
-    rise_history: float = param(
-        0.0,
-        min=0.0,
-        max=86400.0,
-        doc="learn the headroom for rises from the traffic's own history: the forecast "
-        "plus the forecast-quantile of the rise over one lead time (start-up plus one "
-        "decision: the most requests of the next horizon intervals less the interval the "
-        "forecast starts from) over the intervals of the last this-many seconds, at most "
-        "the forecast again; replaces rise-headroom's fixed factor. 0: off",
-    )
     sla_margin: float = param(
         1.0,
         min=0.5,

@@ -32,7 +32,6 @@ items keep `sla_mode.py`'s numbering.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,29 +112,3 @@ class Rise:
         burst from silence is all rise, and x horizon it would size several bursts'
         worth."""
         return min(self.headroom_share * self.rise * horizon, point)
-
-
-class LearnedRise:
-    """`rise-history`: the headroom a rise needs, learned from the traffic itself. Each
-    past interval t of the last `history_s` seconds gives one sample: the most requests
-    of the `horizon` intervals after it less its own count (what a forecast that stood
-    still at t would have missed by the time a replica asked for at t serves). The
-    headroom is the `quantile` of those samples (nearest rank, 0 when they are all
-    falls), at most the forecast again. A calm day learns little headroom and a bursty
-    one much, without a constant tuned to either (the last-rise rule above scales one
-    interval's rise by a fixed factor chosen on the training traces)."""
-
-    def __init__(self, history_s: float, interval_s: float, quantile: float) -> None:
-        self.quantile = quantile
-        self.counts: deque[float] = deque(maxlen=max(2, math.ceil(history_s / interval_s)))
-
-    def observe(self, arrivals: float) -> None:
-        self.counts.append(float(arrivals))
-
-    def headroom(self, point: float, horizon: int) -> float:
-        a = list(self.counts)
-        rises = sorted(max(a[t + 1 : t + 1 + horizon]) - a[t] for t in range(len(a) - horizon))
-        if not rises:
-            return 0.0
-        rank = max(0, math.ceil(self.quantile * len(rises)) - 1)
-        return min(max(0.0, rises[rank]), point)

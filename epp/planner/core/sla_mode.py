@@ -34,7 +34,7 @@ from epp.planner.core.mode import Proposal, current
 from epp.planner.core.perf import Profile
 from epp.planner.core.predictors import LoadPredictors, build_load_predictors
 from epp.planner.core.sla_corrections import Corrections, Factors
-from epp.planner.core.sla_damping import Hysteresis, LearnedRise, Rise
+from epp.planner.core.sla_damping import Hysteresis, Rise
 from epp.planner.core.sla_sizing import Sizing, mean
 from epp.planner.core.types import Observation, PredictedLoad, Role
 
@@ -60,11 +60,7 @@ class SlaMode:
         self.sizing = Sizing(config, profile, Factors())
         self.corrections = Corrections(config, self.sizing)
         self.hysteresis = Hysteresis(self._roles, self._x.scale_down_window, self._x.reversal_guard)
-        self.rise: Rise | LearnedRise = (
-            LearnedRise(self._x.rise_history, self._interval, self._x.forecast_quantile)
-            if self._x.rise_history > 0
-            else Rise(self._x.rise_headroom)
-        )
+        self.rise = Rise(self._x.rise_headroom)
         x = self._x
         self.attainment = (
             AttainmentControl(
