@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.planner_frontier import COLUMNS, rows_of  # noqa: E402
-from bench.results import Result, command_line, load_span  # noqa: E402
+from bench.results import Result, load_span  # noqa: E402
 
 SERVEGEN = ROOT.parent / "shared" / "traces" / "servegen" / "language-m-small"
 POLICIES = "static-peak,oracle,keda-queue,llm-d-slo,load,epp"
@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument("--rerun", action="store_true", help="replay even where JSON exists")
     ap.add_argument("--suite", default="planner_heldout")
     ap.add_argument("--title", default="The planner on held-out ServeGen days")
-    ap.add_argument("--notes", default="", help="markdown before the target checks")
+    ap.add_argument("--notes", default="", help="markdown before the target checks (or @FILE)")
     args = ap.parse_args()
     before = os.getloadavg()
     rows: list[list[object]] = []
@@ -156,9 +156,15 @@ def main() -> int:
         r, c = rows_of(run_slice(args, start, hours))
         rows += r
         checks += c
-    notes = (args.notes + "\n\n" if args.notes else "") + "\n".join(checks)
+    text = Path(args.notes[1:]).read_text() if args.notes.startswith("@") else args.notes
+    notes = (text.strip() + "\n\n" if text else "") + "\n".join(checks)
+    command = (
+        f"python bench/planner_heldout.py --slices {args.slices} --scale {args.scale:g} "
+        f"--preset {args.preset} --startups {args.startups} --policies {args.policies}"
+        + (" --sweep" if args.sweep else "")
+    )
     result = Result.measured(
-        args.suite, args.title, command_line(), COLUMNS, rows, notes,
+        args.suite, args.title, command, COLUMNS, rows, notes,
         load=load_span(before, os.getloadavg()),
     )  # fmt: skip
     print(f"wrote {result.write()}")
