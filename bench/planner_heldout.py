@@ -34,6 +34,7 @@ from bench.results import Result, load_span  # noqa: E402
 
 SERVEGEN = ROOT.parent / "shared" / "traces" / "servegen" / "language-m-small"
 POLICIES = "static-peak,oracle,keda-queue,llm-d-slo,load,epp"
+BASELINES = {"static-peak": 0, "oracle": 1}  # first in each comparison's rows
 
 
 def epp(*args: str) -> list[str]:
@@ -113,7 +114,7 @@ def merge(docs: list[dict]) -> dict:
     for d in docs:
         names = {p["name"] for p in d["policies"]}
         pols = [fixed[n] for n in ("static-peak", "oracle") if n in fixed and n not in names]
-        pols += d["policies"]
+        pols = sorted(pols + d["policies"], key=lambda p: BASELINES.get(p["name"], 2))
         base = {n: fixed[n]["gpu_hours"] for n in fixed}
         pols = [
             p | {
