@@ -196,6 +196,11 @@ class Pool:
         pool = self.replicas if state is State.GONE else self._live
         return [r for r in pool if r.state is state]
 
+    def starting(self) -> list[Replica]:
+        """`of(State.STARTING)`, in start order, from the few replicas that may change
+        state instead of every live one (asked at every arrival)."""
+        return [r for r in self._pending if r.state is State.STARTING]
+
     def _ready_list(self) -> list[Replica]:
         if self._ready is None:
             self._ready = [r for r in self._live if r.state is State.READY]

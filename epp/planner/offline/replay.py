@@ -247,7 +247,7 @@ class _Replay:
         """Run the pool to `t`; newly ready replicas take the held requests at their
         ready time."""
         pool = self.pool
-        for rep in sorted(pool.of(State.STARTING), key=lambda r: r.ready_at):
+        for rep in sorted(pool.starting(), key=lambda r: r.ready_at):
             if rep.ready_at <= t and self.held:
                 self._collect(pool.advance_to(rep.ready_at))
                 pool.update(rep.ready_at)

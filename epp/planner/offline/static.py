@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from epp.planner.core.types import Decision, Observation, Role, Stats
 from epp.planner.offline.outcome import Sla
@@ -142,6 +144,10 @@ class Sizer:
         # per judged request, the same replays: (TTFTs, ITLs) in ms, an unanswered
         # request's TTFT infinite, a one-token answer's ITL NaN (`share_met`)
         self._latencies: dict[tuple[float, int], tuple[array[float], array[float]]] = {}
+        # arrival times when sorted (a trace always is): a segment is found by bisection,
+        # not by a pass over a day's requests per sizing replay
+        times = [a.t_s for a in arrivals]
+        self._times = times if all(a <= b for a, b in pairwise(times)) else None
 
     def measure(self, segment: Segment, replicas: int) -> tuple[Stats, Stats]:
         """p50/p90/p99 TTFT and ITL of the segment's requests on `replicas` static
@@ -182,7 +188,11 @@ class Sizer:
 
     def _measure(self, segment: Segment, replicas: int) -> tuple[array[float], array[float]]:
         warm = segment.start - (segment.end - segment.start)
-        part = [a for a in self.arrivals if warm <= a.t_s < segment.end]
+        times = self._times
+        if times is not None:  # sorted: the segment's requests are one slice
+            part = list(self.arrivals[bisect_left(times, warm) : bisect_left(times, segment.end)])
+        else:
+            part = [a for a in self.arrivals if warm <= a.t_s < segment.end]
         if not part:
             return array("d"), array("d")
         t0 = part[0].t_s
