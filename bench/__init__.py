@@ -61,6 +61,7 @@ SUITES: dict[str, Suite] = {
     "planner-frontier": Suite(
         "planner_frontier", "the --json files of `epp plan replay --compare --sweep`"
     ),
+    "planner-heldout": Suite("planner_heldout", checkout=f"{TRACES}/servegen"),
     "planner-replay": Suite("planner_replay", "a trace (--trace)"),
     "planner-step": Suite("planner_step", checkout=TRACES),
     "predictor-accuracy": Suite("predictor_accuracy"),

@@ -47,6 +47,7 @@ ORDER = [
     "overload_eviction",
     "body_flood",
     "planner_field_onehour",
+    "planner_heldout",
     "planner_replay_speed",
     "load_test",
 ]

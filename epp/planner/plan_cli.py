@@ -170,6 +170,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="replay only the trace's first DURATION (600, 90s, 10m, 1h)",
     )
+    r.add_argument(
+        "--static-peak",
+        type=int,
+        metavar="N",
+        help="static-peak's replicas, when an earlier comparison of the same trace and SLA "
+        "found them: replayed once instead of searched (a search replays the whole trace "
+        "at each size it tries)",
+    )
     r.add_argument("--planner", metavar="FILE", help="planner file (YAML, kebab-case keys)")
     r.add_argument(
         "--profile",
@@ -287,6 +295,8 @@ def _replay(args: argparse.Namespace) -> int:
     oracle_target = parse_target(args.oracle_target)
     if args.rate_scale is not None and not (args.rate_scale > 0 and math.isfinite(args.rate_scale)):
         raise UsageError("--rate-scale must be a positive number")
+    if args.static_peak is not None and args.static_peak < 1:
+        raise UsageError(f"--static-peak must be an integer >= 1, got {args.static_peak}")
     arrivals = load_trace(args.trace)
     if args.rate_scale is not None:
         from epp.planner.offline.tracegen import scale_rate
@@ -337,7 +347,9 @@ def _replay(args: argparse.Namespace) -> int:
         setup = cmp.prepare(arrivals, shape, interval, sla, sizer=sizer)
     except NoPoolMeetsSla as e:
         raise UsageError(str(e)) from None
-    setup = dataclasses.replace(setup, budget_gpus=_budget(args, setup))
+    setup = dataclasses.replace(
+        setup, budget_gpus=_budget(args, setup), peak_known=args.static_peak
+    )
     if rule == "product":
         setup = dataclasses.replace(setup, sla_rule="product")
     fixed: dict[str, cmp.Result] = {}

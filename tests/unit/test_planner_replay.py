@@ -176,6 +176,18 @@ def test_reversals_and_actions_on_a_scripted_run():
     assert (s.actions, s.reversals) == (4, 1)
 
 
+def test_the_summary_counts_the_decisions_that_said_start_up_bound():
+    # Decisions at 10, 20, 30 s; the second and third carry the SLA mode's diagnostic
+    # (1.0: missed while replicas started), the first says 0.0: two counted.
+    def said(at: float, bound: float) -> Decision:
+        return Decision(at=at, targets={A: 1}, reason="", diagnostics={"startup_bound": bound})
+
+    decisions = (said(10.0, 0.0), said(20.0, 1.0), said(30.0, 1.0))
+    run = Run("x", (), (), 0, (), decisions, (), 40.0, 30.0, 0)
+    s = summarize(run, Sla(100, 10), 10.0)
+    assert s.startup_bound == 2 and s.as_json()["startup_bound_decisions"] == 2
+
+
 def test_intervals_over_the_gpu_budget_count_starting_replicas():
     # 1 replica, then 3 at t=10 s (two starting until 30 s): 3 GPUs held from 10 s on.
     # Against a budget of 2, every 10 s interval from [10, 20) on is over it.
@@ -415,3 +427,32 @@ def test_the_lazy_pool_replays_exactly_as_advancing_every_replica(caching):
     assert lazy.lifetimes == eager.lifetimes and lazy.actions == eager.actions
     assert lazy.steps == eager.steps and lazy.end == eager.end
     assert len(lazy.actions) >= 5 and any(lt.drain_from < math.inf for lt in lazy.lifetimes)
+
+
+def test_a_given_static_peak_is_replayed_once_not_searched(tmp_path, capsys):
+    # The search on this trace finds its size by replaying several; --static-peak N
+    # replays N alone and says so, and a size below 1 is one line and exit 2.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": a.t_s * 1000, "input_length": a.isl, "output_length": a.osl})
+            + "\n"
+            for a in poisson(120, 20.0, seed=8)
+        )
+    )
+
+    def peak(*extra: str) -> tuple[dict, str]:
+        out_json = tmp_path / "out.json"
+        code, out, _ = run_cli(
+            capsys, "--trace", str(trace), "--preset", "tiny", "--interval", "5", "--compare",
+            "--policies", "static-peak", "--json", str(out_json), *extra,
+        )  # fmt: skip
+        assert code == 0
+        return next(p for p in json.loads(out_json.read_text())["policies"]), out
+
+    (searched, said), (given, says) = peak(), peak("--static-peak", "3")
+    assert searched["initial_replicas"] != 3 and "given" not in said
+    assert given["initial_replicas"] == 3 and "3 given (--static-peak), not searched" in says
+    code, _, err = run_cli(capsys, "--trace", str(trace), "--compare", "--static-peak", "0")
+    assert code == 2 and err.count("\n") == 1
+    assert "--static-peak must be an integer >= 1, got 0" in err

@@ -378,28 +378,6 @@ def test_sla_margin_sizes_against_a_share_of_the_target():
     assert (prefill(1.0), prefill(0.9)) == (3, 4)
 
 
-def test_correction_fast_rise_takes_a_rise_at_once_and_smooths_a_fall():
-    # The same interval, ITL p90 40 ms: off, the decode factor moves halfway from 1 to the
-    # measured ratio m (so m = 2 x off - 1); on, it is m at once. The next interval, ITL
-    # 10 ms: smoothed both ways, half old and half new.
-    def pol(on: bool):
-        return epp(pool="aggregated", no_correction=False, correction_fast_rise=on)
-
-    def seen(t: float, itl: float):
-        return obs(t, completions=1200, osl=600, itl=itl, replicas=agg(3))
-
-    off, on = pol(False), pol(True)
-    d_off = off.step(60, seen(60, 40.0)).diagnostics["d_correction"]
-    d_on = on.step(60, seen(60, 40.0)).diagnostics["d_correction"]
-    m = 2 * d_off - 1
-    assert m > 1.2 and d_on == pytest.approx(m)
-    # a fall: each moves halfway to the same new ratio, so the gap between them halves
-    on_after = on.step(120, seen(120, 10.0)).diagnostics["d_correction"]
-    off_after = off.step(120, seen(120, 10.0)).diagnostics["d_correction"]
-    assert on_after < d_on
-    assert on_after - off_after == pytest.approx((d_on - d_off) / 2)
-
-
 @functools.cache
 def rising() -> Profile:
     """The helpers' prefill (TTFT = ISL/40 000 s: 25 ms at 1000) and decode ITL (5 + 20·KV

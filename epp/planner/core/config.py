@@ -267,14 +267,6 @@ class BeyondParams:
         max=0.99,
         doc="provision to this upper quantile of the forecast (0.5: the point forecast)",
     )
-    correction_fast_rise: bool = param(
-        False,
-        doc="a correction factor measured above its smoothed value is taken at once (the "
-        "model was optimistic: the pool is short now), one below it is smoothed as before "
-        "(half old, half new); off: both ways smoothed, so a first measurement of 2 moves "
-        "the factor from 1 to 1.5 and the sizing keeps a pool too small for the next, "
-        "larger interval",
-    )
     prefill_interference: bool = param(
         False,
         doc="aggregated pools: size decode for the ITL the prefills sharing each replica's "

@@ -8,8 +8,7 @@ item keeps `sla_mode.py`'s numbering.
    `min(1, p)` may not); they are clamped to [1/3, 3] and smoothed (half old, half
    new) instead of taken raw, so an overloaded interval (whose latencies say "the
    profile is optimistic" loudly: a trial replay measured TTFTs 100× the model's)
-   moves them by a bounded step (`correction-fast-rise`: a measurement above the
-   factor is taken at once, one below smoothed). They are **frozen while replicas
+   moves them by a bounded step. They are **frozen while replicas
    start** and for the interval after a scale-up (`freeze-correction-on-startup`;
    cold caches made Dynamo over-compensate, #2511).
 """
@@ -141,14 +140,9 @@ class Corrections:
             diag["expected_itl_ms"] = expected
 
     def learn(self, old: float, measured: float) -> float:
-        """The smoothed factor; with `correction-fast-rise`, a measurement above it is
-        taken at once (clamped): the model was optimistic, the pool is short now, and
-        half a step leaves it short at the next, larger load (the asymmetry of scaling up
-        at once and down slowly, applied to what the sizing believes)."""
-        smoothed = smooth(old, measured)
-        if self.x.correction_fast_rise and math.isfinite(measured):
-            return max(smoothed, min(CORRECTION_RANGE[1], measured))
-        return smoothed
+        """The smoothed factor (half old, half new), both ways: taking a rise at once
+        bought nothing on the training traces (docs/planner.md)."""
+        return smooth(old, measured)
 
 
 def smooth(old: float, measured: float) -> float:

@@ -64,6 +64,9 @@ class Setup:
     # how the SLA was set: "given", "intervals" (`Sizer.default_sla`: p90s in every
     # interval) or "requests" (`sla_pick.request_sla` on static-peak's run)
     sla_rule: str = "intervals"
+    # static-peak's size when known (`--static-peak`, e.g. from an earlier run of the same
+    # trace and SLA): replayed once instead of searched
+    peak_known: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,11 @@ def static_peak(
     found is the fewest."""
     start = setup.peak.replicas
     runs: dict[int, Result] = {}
+    if setup.peak_known is not None:
+        n = setup.peak_known
+        policy = StaticPolicy("static-peak", n, setup.interval_s)
+        res = run_policy(arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress)
+        return Result(res.summary, res.run, n, f"{n} given (--static-peak), not searched")
 
     def at(n: int) -> Result:
         if n not in runs:

@@ -97,6 +97,7 @@ class Summary:
     over_budget: int = 0  # intervals whose most GPUs held at once exceeded the budget
     bursts: int = 0  # quiet gaps of `burst_gap_s` or more after an arrival
     to_min_pool_s: float = math.nan  # mean scale-down lag over those bursts (module doc)
+    startup_bound: int = 0  # decisions that said the SLA was missed while replicas started
 
     def as_json(self) -> dict[str, object]:
         """The `--json` record: the per-interval keys first, then the rest of the verdict."""
@@ -117,6 +118,7 @@ class Summary:
             "to_min_pool_s": (
                 None if math.isnan(self.to_min_pool_s) else round(self.to_min_pool_s, 1)
             ),
+            "startup_bound_decisions": self.startup_bound,
         }
 
 
@@ -167,6 +169,7 @@ def summarize(
         ),
         bursts=len(lags),
         to_min_pool_s=math.fsum(lags) / len(lags) if lags else math.nan,
+        startup_bound=sum(1 for d in run.decisions if d.diagnostics.get("startup_bound")),
     )
 
 

@@ -1,0 +1,33 @@
+"""bench/planner_heldout.py: the comparisons of each start-up delay merged into the one
+document the results table is built from."""
+
+from __future__ import annotations
+
+from bench.planner_frontier import rows_of
+from bench.planner_heldout import merge
+
+
+def pol(name: str, gpu_hours: float, share: float = 0.995) -> dict:
+    return {
+        "name": name, "gpu_hours": gpu_hours, "sla_requests": share,
+        "worst_5min_requests": 0.97, "lost": 0, "reversals": 0, "intervals_over_budget": 0,
+        "initial_replicas": 2, "gpu_hours_vs_static_peak": None, "gpu_hours_vs_oracle": None,
+    }  # fmt: skip
+
+
+def test_static_peak_and_the_oracle_fill_every_delay_and_the_ratios_follow_them():
+    # Start-up 100: static-peak 100 GPU-h, epp 60. Start-up 300: the oracle 50, epp 70
+    # (static-peak not replayed again). Each delay's table has both baselines, and epp's
+    # ratios are against them: 0.6x / 1.2x at 100 s, 0.7x / 1.4x at 300 s.
+    first = {"trace": "t", "last_arrival_s": 3600.0, "startup_s": 100.0,
+             "policies": [pol("static-peak", 100.0), pol("epp", 60.0, 0.989)]}  # fmt: skip
+    later = {"trace": "t", "last_arrival_s": 3600.0, "startup_s": 300.0,
+             "policies": [pol("oracle", 50.0), pol("epp", 70.0)]}  # fmt: skip
+    doc = merge([first, later])
+    rows, checks = rows_of(doc)
+    got = {(r[1], r[2]): (r[4], r[5], r[6]) for r in rows}
+    assert got[(100.0, "epp")] == (60.0, 0.6, 1.2)
+    assert got[(300.0, "epp")] == (70.0, 0.7, 1.4)
+    assert got[(100.0, "oracle")] == (50.0, 0.5, 1.0)
+    assert got[(300.0, "static-peak")] == (100.0, 1.0, 2.0)
+    assert "requests 98.90% (MISSED)" in checks[0] and "requests 99.50% (met)" in checks[1]
