@@ -63,8 +63,9 @@ FEATURE_GATES = {
     "flowControl": None,  # turns flow control on (epp/flowcontrol/config.py)
 }
 
-# The built-in profile when no --config is given, identical to config/default.yaml (and in
-# its plugins to config/prefix-aware.yaml): "sticky until saturated", llm-d's token-aware
+# The built-in profile when no --config is given, identical to config/default.yaml (in its
+# plugins config/slo-calibrated.yaml: config/prefix-aware.yaml plus the SLO pair, which a
+# request without targets leaves neutral): "sticky until saturated", llm-d's token-aware
 # default. Upstream GIE's weighted blend (queue 2, kv 2, prefix 3) is
 # config/prefix-weighted.yaml.
 DEFAULT_CONFIG = """\
