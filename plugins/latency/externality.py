@@ -27,7 +27,6 @@ The ledger is updated in O(1) per request and read in O(1) per endpoint.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from epp.config.params import param
@@ -37,6 +36,7 @@ from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
+from plugins.latency.inflight import TightLedger
 from plugins.latency.info import LATENCY_PREDICTION_KEY, LatencyPredictionInfo, request_slo
 from plugins.latency.slack import FLOOR_SLACK, NEUTRAL, slack
 from plugins.prefix.match_info import PREFIX_MATCH_KEY, PrefixMatchInfo
@@ -65,13 +65,6 @@ class SloExternalityParams:
     )
 
 
-@dataclass(slots=True)
-class _Entry:
-    endpoint: str
-    weight: float  # 1 / its TTFT target (per ms) when tight, else 0
-    routed_at: float
-
-
 @register("slo-externality-scorer")
 class SloExternalityScorer(Plugin):
     Params = SloExternalityParams
@@ -81,10 +74,8 @@ class SloExternalityScorer(Plugin):
         super().__init__(name)
         self.params = params
         self._clock = handle.clock
-        # request id -> entry, in routing order (the oldest first, for expiry); and per
-        # endpoint the running Σ 1 / T_ttft of its tight entries, so scoring is O(1).
-        self.ledger: dict[str, _Entry] = {}
-        self.tight: dict[str, float] = defaultdict(float)
+        # per endpoint the running Σ 1 / T_ttft of its tight requests in flight
+        self.ledger = TightLedger(params.max_age_s)
 
     def score(
         self, state: CycleState, request: InferenceRequest, endpoints: list[EndpointSnapshot]
@@ -111,7 +102,7 @@ class SloExternalityScorer(Plugin):
         out = []
         for e in endpoints:
             cached = prefix.cached_tokens(e.name) if isinstance(prefix, PrefixMatchInfo) else 0
-            harm = max(0, prompt - cached) * ms_per_token * self.tight.get(e.name, 0.0)
+            harm = max(0, prompt - cached) * ms_per_token * self.ledger.on(e.name)
             own = slack(info, e.name)
             band = 1.0 if own >= 0 else NEUTRAL * (1.0 - max(own, FLOOR_SLACK) / FLOOR_SLACK)
             if self.params.guard:  # 1/(1 + w·harm) keeps each band's range
@@ -127,30 +118,10 @@ class SloExternalityScorer(Plugin):
             return
         tight = tpot is not None or (ttft is not None and ttft <= self.params.tight_ttft_ms)
         weight = 1.0 / (ttft or self.params.tight_ttft_ms or 1.0) if tight else 0.0
-        now = self._clock()
-        self._expire(now)
-        name = result.primary.targets[0].name
-        self._drop(request.request_id)
-        self.ledger[request.request_id] = _Entry(name, weight, now)
-        self.tight[name] += weight
+        target = result.primary.targets[0].name
+        self.ledger.record(request.request_id, target, weight, self._clock())
 
     def post_response(
         self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
     ) -> None:
-        self._drop(request.request_id)
-
-    def _drop(self, request_id: str) -> None:
-        e = self.ledger.pop(request_id, None)
-        if e is not None:
-            left = self.tight[e.endpoint] - e.weight
-            self.tight[e.endpoint] = left if left > 1e-12 else 0.0
-
-    def _expire(self, now: float) -> None:
-        """Forget entries older than `maxAgeS` (a response that never reported back, e.g.
-        a server without the response path, must not hold its endpoint's harm forever)."""
-        horizon = now - self.params.max_age_s
-        while self.ledger:
-            rid, e = next(iter(self.ledger.items()))
-            if e.routed_at >= horizon:
-                return
-            self._drop(rid)
+        self.ledger.drop(request.request_id)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass
 
 from epp.config.params import param
@@ -57,6 +57,7 @@ from epp.request import InferenceRequest
 from epp.scheduling.interfaces import Plugin
 from epp.scheduling.registry import Handle, register
 from epp.scheduling.types import CycleState, SchedulingResult
+from plugins.latency.inflight import TightLedger
 from plugins.latency.info import LATENCY_PREDICTION_KEY, LatencyPredictionInfo
 from plugins.latency.slack import NEUTRAL
 
@@ -146,12 +147,6 @@ class SpeedBook:
         return prod ** (1.0 / parts) if parts else 1.0
 
 
-@dataclass(slots=True)
-class _Tight:
-    endpoint: str
-    routed_at: float
-
-
 @register("slo-tier-scorer")
 class SloTierScorer(Plugin):
     Params = SloTierParams
@@ -164,10 +159,8 @@ class SloTierScorer(Plugin):
         self._pool = handle.pool
         handle.on_pool_change(self._pool_changed)
         self.speeds = SpeedBook(params.speed_window)
-        # tight requests in flight: request id -> entry (routing order, for expiry), and
-        # the count per endpoint
-        self.ledger: dict[str, _Tight] = {}
-        self.tight: dict[str, int] = defaultdict(int)
+        # the count of tight requests in flight per endpoint
+        self.ledger = TightLedger(params.max_age_s)
         # the last scored request's id and class (score and pre_request run back to back)
         self._last: tuple[str, bool] | None = None
 
@@ -202,7 +195,7 @@ class SloTierScorer(Plugin):
         cap = self.params.cap_share * total_tokens / total_speed
         w = self.params.tight_weight
         need = [
-            s * (1.0 + w * self.tight.get(e.name, 0)) if e.inflight_tokens <= cap * s else None
+            s * (1.0 + w * self.ledger.on(e.name)) if e.inflight_tokens <= cap * s else None
             for e, s in zip(endpoints, speed, strict=True)
         ]
         low = min((x for x in need if x is not None), default=None)
@@ -214,17 +207,12 @@ class SloTierScorer(Plugin):
         last, self._last = self._last, None
         if last is None or last[0] != request.request_id or not last[1]:
             return
-        now = self._clock()
-        self._expire(now)
-        name = result.primary.targets[0].name
-        self._drop(request.request_id)
-        self.ledger[request.request_id] = _Tight(name, now)
-        self.tight[name] += 1
+        self.ledger.record(request.request_id, result.primary.targets[0].name, 1.0, self._clock())
 
     def post_response(
         self, request: InferenceRequest, response: RequestRecord, endpoint: EndpointSnapshot
     ) -> None:
-        self._drop(request.request_id)
+        self.ledger.drop(request.request_id)
         if response is None or not response.ok or response.endpoint != endpoint.name:
             return
         batch = endpoint.metrics.running_requests + 1
@@ -237,18 +225,3 @@ class SloTierScorer(Plugin):
 
     def _pool_changed(self) -> None:
         self.speeds.retain({e.name for e in self._pool()})
-
-    def _drop(self, request_id: str) -> None:
-        e = self.ledger.pop(request_id, None)
-        if e is not None:
-            self.tight[e.endpoint] = max(0, self.tight[e.endpoint] - 1)
-
-    def _expire(self, now: float) -> None:
-        """Forget tight entries older than `maxAgeS` (a server without the response path
-        never reports them finished)."""
-        horizon = now - self.params.max_age_s
-        while self.ledger:
-            rid, e = next(iter(self.ledger.items()))
-            if e.routed_at >= horizon:
-                return
-            self._drop(rid)

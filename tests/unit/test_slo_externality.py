@@ -77,6 +77,6 @@ def test_the_guard_never_trades_the_requests_own_target_for_the_others():
     a, b = scorer.score(st, long, [A, B])
     assert 0.5 < a < 1.0 and b < 0.5  # harm lowers A within the safe band, never below B
     unguarded = plugin("slo-externality-scorer", {"harmWeight": 100, "guard": False})
-    unguarded.ledger, unguarded.tight = scorer.ledger, scorer.tight
+    unguarded.ledger = scorer.ledger
     ua, ub = unguarded.score(st, long, [A, B])
     assert ua < ub  # without the guard the harm can outweigh the request's own miss

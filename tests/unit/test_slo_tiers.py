@@ -126,7 +126,7 @@ def test_deep_overload_and_no_targets_are_neutral_and_leave_no_ledger_entry():
     nowhere = {"fast": (900.0, 90.0), "slow": (900.0, 90.0)}
     assert scorer.score(state(chat, nowhere), chat, [FAST, SLOW]) == [0.5, 0.5]
     route(scorer, chat, FAST)
-    assert scorer.ledger == {}
+    assert scorer.ledger.entries == {}
     bare = parse_body(new_request({}, "/v1/completions", "POST"), b'{"model":"m","prompt":"x"}')
     assert scorer.score(CycleState(), bare, [FAST, SLOW]) == [0.5, 0.5]
 
