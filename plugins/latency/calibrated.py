@@ -57,6 +57,7 @@ from plugins.latency.info import (
     LATENCY_PREDICTION_KEY,
     LatencyPrediction,
     LatencyPredictionInfo,
+    SloDefaultParams,
     request_slo,
 )
 from plugins.latency.queueing import Speed, SpeedLearner, predict
@@ -80,7 +81,7 @@ class CalibratedPredictionInfo(LatencyPredictionInfo):
 
 
 @dataclass(frozen=True)
-class CalibratedLatencyParams:
+class CalibratedLatencyParams(SloDefaultParams):
     cold_prefill_tokens_per_second: float = param(
         15928.0, min=1.0, doc="prefill speed before an endpoint has history (llm-d's default)"
     )
@@ -115,12 +116,6 @@ class CalibratedLatencyParams:
         500.0,
         min=0.0,
         doc="calibration class: a TTFT target at most this (or any TPOT target) is tight",
-    )
-    default_ttft_slo_ms: float = param(
-        0.0, min=0.0, doc="TTFT SLO when the request has no x-slo-ttft-ms header; 0 = none"
-    )
-    default_tpot_slo_ms: float = param(
-        0.0, min=0.0, doc="TPOT SLO when the request has no x-slo-tpot-ms header; 0 = none"
     )
 
 

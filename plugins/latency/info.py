@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from epp.config.params import param
 from epp.headers import SLO_TPOT_MS, SLO_TTFT_MS
 from epp.request import InferenceRequest
 
@@ -84,6 +85,18 @@ def slo_from_headers(request: InferenceRequest, field: str, default_ms: float) -
         if math.isfinite(value) and value > 0:
             return value
     return default_ms if default_ms > 0 else None
+
+
+@dataclass(frozen=True)
+class SloDefaultParams:
+    """The targets a latency producer assumes for a request that names none."""
+
+    default_ttft_slo_ms: float = param(
+        0.0, min=0.0, doc="TTFT SLO when the request has no x-slo-ttft-ms header; 0 = none"
+    )
+    default_tpot_slo_ms: float = param(
+        0.0, min=0.0, doc="TPOT SLO when the request has no x-slo-tpot-ms header; 0 = none"
+    )
 
 
 def request_slo(

@@ -49,6 +49,7 @@ from plugins.latency.info import (
     LATENCY_PREDICTION_KEY,
     LatencyPrediction,
     LatencyPredictionInfo,
+    SloDefaultParams,
     request_slo,
 )
 from plugins.latency.model import Coefficients, ColdStart, Sample, SampleBuffer, fit, predict
@@ -58,7 +59,7 @@ log = logging.getLogger("epp.latency")
 
 
 @dataclass(frozen=True)
-class PredictedLatencyParams:
+class PredictedLatencyParams(SloDefaultParams):
     max_samples: int = param(4096, min=16, doc="ring buffer of observations the model fits on")
     min_samples: int = param(
         32, min=8, doc="observations an endpoint (or the pool) needs before its fit is used"
@@ -73,12 +74,6 @@ class PredictedLatencyParams:
     )
     cold_tpot_ms: float = param(
         20.0, min=0.0, doc="cold-start TPOT at empty KV (scaled by 1 + KV use)"
-    )
-    default_ttft_slo_ms: float = param(
-        0.0, min=0.0, doc="TTFT SLO when the request has no x-slo-ttft-ms header; 0 = none"
-    )
-    default_tpot_slo_ms: float = param(
-        0.0, min=0.0, doc="TPOT SLO when the request has no x-slo-tpot-ms header; 0 = none"
     )
     slo_buffer_factor: float = param(
         1.0, min=0.1, doc="predictions are multiplied by this before the SLO comparison"
