@@ -48,7 +48,9 @@ from epp.config.variants import write_without_predictor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
-    "default": [],
+    # "default": the sticky routing, what config/default.yaml does with a request without
+    # targets (config/default.yaml itself now places requests with targets by them)
+    "default": ["--config", str(ROOT / "config" / "prefix-aware.yaml")],
     "prefix": ["--config", str(ROOT / "config" / "prefix-aware.yaml")],
     "slo": ["--config", str(ROOT / "config" / "slo.yaml")],
 }

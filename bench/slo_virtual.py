@@ -55,7 +55,9 @@ from epp.sim.virtual import Finished, VirtualEngine  # noqa: E402
 from plugins.latency.info import LATENCY_PREDICTION_KEY, LatencyPredictionInfo  # noqa: E402
 
 CONFIGS = {
-    "default": None,
+    # "default": the sticky routing, what config/default.yaml does with a request without
+    # targets (config/default.yaml itself now places requests with targets by them)
+    "default": ROOT / "config" / "prefix-aware.yaml",
     "prefix": ROOT / "config" / "prefix-aware.yaml",
     "slo": ROOT / "config" / "slo.yaml",
 }
