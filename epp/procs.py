@@ -20,38 +20,67 @@ from collections.abc import Callable
 POLL_S = 0.05
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago.
+_HANDED_OUT: set[int] = set()
+_LOW_PORT = 10000
 
-    Racy by nature (someone may grab it before the child binds it); good enough for tests and
-    local runs, where a collision shows up as a clear "child died" error with the bind failure.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux default 32768-60999)."""
+    try:
+        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[:2]
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _listen_range(n: int) -> range:
+    """Where to draw listening ports: below the ephemeral range, so no client socket the
+    kernel opens meanwhile (a test's HTTP call, Envoy's upstream connection) can take the
+    port between our check and the child's bind; above it if the range starts too low."""
+    lo, hi = _ephemeral_range()
+    if lo - _LOW_PORT >= 4096:
+        return range(_LOW_PORT, lo - n)
+    return range(hi + 1, 65536 - n)
 
 
 def free_port_range(n: int, host: str = "0.0.0.0") -> int:
-    """A base port p with p .. p+n-1 all free a moment ago (`epp sim --replicas n`, KV-event
-    ports per replica). Drawn below Linux's ephemeral range (32768+), where `free_port`'s
-    and every client socket's ports come from, so a neighbour of a free port is not taken
-    by the next outgoing connection; racy in the same way as `free_port` otherwise."""
+    """A base port p with p .. p+n-1 all free a moment ago and not handed out before by this
+    process (`epp sim --replicas n`, KV-event ports per replica).
+
+    Drawn outside the kernel's ephemeral range: a port that was free there could be taken by
+    the next outgoing connection before the child binds it, which showed up as an occasional
+    "address already in use" in test runs with many connections. Still racy against another
+    process drawing the same number, which is rare among ~20k ports."""
+    candidates = _listen_range(n)
     rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32768 - n)
+    for _ in range(500):
+        base = rng.choice(candidates)
+        ports = range(base, base + n)
+        if any(p in _HANDED_OUT for p in ports):
+            continue
         socks: list[socket.socket] = []
         try:
-            for port in range(base, base + n):
+            for port in ports:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 socks.append(s)
                 s.bind((host, port))
-            return base
         except OSError:
             continue
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError(f"no {n} consecutive free ports in 20000-32767")
+        _HANDED_OUT.update(ports)
+        return base
+    raise RuntimeError(
+        f"no {n} consecutive free ports in {candidates.start}-{candidates.stop + n - 1}"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A listening port that was free a moment ago (see `free_port_range` for why it is
+    drawn outside the ephemeral range); a collision with another process still shows up as
+    a clear "child died" error naming the bind failure."""
+    return free_port_range(1, host)
 
 
 def signal_group(pgid: int, sig: int) -> None:
