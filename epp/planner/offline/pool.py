@@ -37,6 +37,7 @@ from enum import StrEnum
 
 from epp.config.loader import DEFAULT_CONFIG
 from epp.planner.core.types import EndpointLoad, Replicas, Role
+from epp.planner.offline.counted_routing import CountedRouter, router_for
 from epp.planner.offline.routing import EppRouter
 from epp.sim.config import SimConfig
 from epp.sim.virtual import Finished, Load, VirtualEngine
@@ -95,17 +96,18 @@ class PoolShape:
     block_tokens: int = 512  # the trace's prefix-block size (Mooncake: 512)
     routing: Routing = DEFAULT_ROUTING
 
-    def router(self, seed: int, *, unique_prompts: bool = False) -> EppRouter:
+    def router(self, seed: int, *, unique_prompts: bool = False) -> EppRouter | CountedRouter:
         """A fresh router for one replay (empty prefix index, seeded tie-breaks);
-        `unique_prompts`: no request shares a prefix block (`unique_prompts.py`)."""
-        return EppRouter(
+        `unique_prompts`: no request shares a prefix block (`unique_prompts.py`), and
+        the picks are counted where the config allows (`counted_routing.py`)."""
+        return router_for(
             self.routing.text,
             self.routing.source,
             seed=seed,
             block_tokens=self.block_tokens,
             cache_block_size=self.sim.block_size,
             cache_num_blocks=self.sim.num_gpu_blocks,
-            unique_prompts=unique_prompts,
+            unique=unique_prompts,
         )
 
     def __post_init__(self) -> None:

@@ -90,7 +90,7 @@ class EppRouter:
         self.now = 0.0
         clock = self._clock
         self.datastore = Datastore(staleness=math.inf, clock=clock, require_metrics=False)
-        handle_config = load(config_text, source, seed, clock)
+        handle_config = self.config = load(config_text, source, seed, clock)
         handle = handle_config.handle
         handle.pool = self.datastore.endpoints  # type: ignore[misc]
         handle.on_pool_change = self.datastore.on_change  # type: ignore[misc]
