@@ -162,6 +162,20 @@ def router_for(
     return router
 
 
+class _Endpoint:
+    """One endpoint's counters: the datastore's in-flight ones, and the counting index's
+    blocks, with the two terms a pick reads kept up to date as they change."""
+
+    __slots__ = ("base", "blocks", "capacity", "decode", "fill_term", "prefill", "requests")
+
+    def __init__(self) -> None:
+        self.requests = self.prefill = self.decode = 0
+        self.blocks = 0
+        self.capacity = 0  # 0: no block recorded yet (the index holds nothing for it)
+        self.base = 0  # in-flight tokens + perRequestTokens x in-flight requests (an int)
+        self.fill_term = 1.0  # 1 + min(1, fill): what the eviction cost multiplies
+
+
 class CountedRouter:
     """`EppRouter`'s interface and picks (module doc) over per-endpoint counters."""
 
@@ -182,39 +196,37 @@ class CountedRouter:
         self.scrape_s = SCRAPE_S
         self._next_scrape = 0.0
         self.geometry = (cache_block_size, cache_num_blocks)
-        self._active: list[str] = []  # the candidates: joined, not draining, join order
+        self._names: list[str] = []  # the candidates: joined, not draining, join order
+        self._active: list[_Endpoint] = []  # theirs, in the same order
+        self._by_name: dict[str, _Endpoint] = {}  # every endpoint in the pool
         self._unscraped: list[str] = []  # joined since the last scrape
         self._scraped: set[str] = set()  # geometry known (autoTune)
-        # the datastore's counters per endpoint: [requests, prefill tokens, decode tokens]
-        # (an endpoint that left keeps its list detached: late releases change nothing)
-        self._inflight: dict[str, list[int]] = {}
-        self._held: dict[str, int] = {}  # the counting index: blocks per endpoint
-        self._cap: dict[str, int] = {}  # its capacity per endpoint
-        # rid -> (its endpoint's counters, prompt tokens still held, output tokens)
-        self._holds: dict[int, tuple[list[int], int, int]] = {}
+        # rid -> (its endpoint, prompt tokens still held, output tokens); an endpoint that
+        # left stays referenced here, detached: late releases change nothing that is read
+        self._holds: dict[int, tuple[_Endpoint, int, int]] = {}
         self._prefill: list[tuple[int, object]] = []  # (rid, engine request) before 1st token
         self._ends: list[tuple[float, int]] = []  # (finish, rid)
 
     # -- membership (EppRouter's) --------------------------------------------------------
 
     def join(self, name: str) -> None:
-        self._inflight[name] = [0, 0, 0]
-        self._active.append(name)
+        e = self._by_name[name] = _Endpoint()
+        self._names.append(name)
+        self._active.append(e)
         self._scraped.discard(name)
         self._unscraped.append(name)
         self._next_scrape = self.now  # a new endpoint is scraped at once
 
     def drain(self, name: str) -> None:
-        if name in self._active:
-            self._active.remove(name)
+        if name in self._names:
+            i = self._names.index(name)
+            del self._names[i], self._active[i]
 
     def leave(self, name: str) -> None:
         """The datastore forgets it, and so does the index (its pool watch)."""
         self.drain(name)
-        self._inflight.pop(name, None)
+        self._by_name.pop(name, None)
         self._scraped.discard(name)
-        self._held.pop(name, None)
-        self._cap.pop(name, None)
 
     # -- time ----------------------------------------------------------------------------
 
@@ -226,6 +238,7 @@ class CountedRouter:
         and the scrape tick: only whether an endpoint was ever scraped matters to these
         picks (autoTune's geometry), so `loads` is not read."""
         self.now = now
+        k = self.plan.per_request
         pending = self._prefill
         if pending:
             keep = []
@@ -233,9 +246,10 @@ class CountedRouter:
             for item in pending:
                 first = item[1].first_token_at  # type: ignore[attr-defined]
                 if first is not None and first <= now:
-                    c, prompt, output = holds[item[0]]
-                    c[1] = max(0, c[1] - prompt)
-                    holds[item[0]] = (c, 0, output)  # its prompt is no longer held
+                    e, prompt, output = holds[item[0]]
+                    e.prefill = p = max(0, e.prefill - prompt)
+                    e.base = p + e.decode + k * e.requests
+                    holds[item[0]] = (e, 0, output)  # its prompt is no longer held
                 else:
                     keep.append(item)
             if len(keep) != len(pending):
@@ -243,14 +257,15 @@ class CountedRouter:
         ends = self._ends
         while ends and ends[0][0] <= now:
             _, rid = heapq.heappop(ends)
-            c, prompt, output = self._holds.pop(rid)
-            c[0] = max(0, c[0] - 1)
-            c[1] = max(0, c[1] - prompt)
-            c[2] = max(0, c[2] - output)
+            e, prompt, output = self._holds.pop(rid)
+            e.requests = r = max(0, e.requests - 1)
+            e.prefill = p = max(0, e.prefill - prompt)
+            e.decode = d = max(0, e.decode - output)
+            e.base = p + d + k * r
         if now >= self._next_scrape:
             if self._unscraped:
-                active = set(self._active)
-                self._scraped.update(n for n in self._unscraped if n in active)
+                names = set(self._names)
+                self._scraped.update(n for n in self._unscraped if n in names)
                 self._unscraped = []
             self._next_scrape = (math.floor(now / self.scrape_s) + 1) * self.scrape_s
 
@@ -264,24 +279,17 @@ class CountedRouter:
         if not active:
             raise LookupError("no endpoint to route to")
         p = self.plan
-        inflight = self._inflight
-        held, cap = self._held, self._cap
-        if p.load_weight is None:
-            total = 0.0 if self._pre is None else self._pre
-            totals = [total] * len(active)
+        w = p.load_weight
+        if w is None:
+            totals = [0.0 if self._pre is None else self._pre] * len(active)
         else:
-            t, k = p.threshold, p.per_request
-            if p.eviction:  # `placement_tokens`: isl x (1 + min(1, fill)), fill 0 if unheld
-                default_cap = p.lru_capacity
-                loads = []
-                for n in active:
-                    c = inflight[n]
-                    h = held.get(n)
-                    f = 0.0 if h is None else h / cap.get(n, default_cap)
-                    loads.append(c[1] + c[2] + k * c[0] + isl * (1.0 + (f if f < 1.0 else 1.0)))
+            t = p.threshold
+            # `token-load-scorer`: 1 - min(1, load / t), load = in-flight tokens + k x
+            # requests + this prompt there (`placement_tokens`: x (1 + min(1, fill)))
+            if p.eviction:
+                loads = [e.base + isl * e.fill_term for e in active]
             else:
-                loads = [(c := inflight[n])[1] + c[2] + k * c[0] + isl for n in active]
-            w = p.load_weight
+                loads = [e.base + isl for e in active]
             pre = self._pre
             if pre is None:
                 totals = [w * (1.0 - (r if (r := x / t) < 1.0 else 1.0)) for x in loads]
@@ -291,26 +299,28 @@ class CountedRouter:
             totals = [s + v for s in totals]
         best = max(totals)
         if totals.count(best) == 1:
-            name = active[totals.index(best)]
+            i = totals.index(best)
         else:
             tied = [i for i, s in enumerate(totals) if s == best]
-            name = active[tied[self.rng.randrange(len(tied))]]
-        self._count_blocks(name, isl)
+            i = tied[self.rng.randrange(len(tied))]
+        name = self._names[i]
+        e = active[i]
+        self._count_blocks(name, e, isl)
         # the director's hold: the whole prompt (nothing is cached) and the output
-        c = inflight[name]
-        c[0] += 1
-        c[1] += isl
-        c[2] += osl
-        self._holds[rid] = (c, isl, osl)
+        e.requests += 1
+        e.prefill += isl
+        e.decode += osl
+        e.base = e.prefill + e.decode + p.per_request * e.requests
+        self._holds[rid] = (e, isl, osl)
         return name
 
-    def _count_blocks(self, name: str, isl: int) -> None:
+    def _count_blocks(self, name: str, e: _Endpoint, isl: int) -> None:
         """The producer's pre-request: the prompt's blocks (at the block size autoTune
         reads from the first candidate) added to the pick's count, up to its capacity."""
         p = self.plan
         size, blocks_per_server = self.geometry
         scraped = self._scraped
-        if p.auto_tune and size > 0 and self._active[0] in scraped:
+        if p.auto_tune and size > 0 and self._names[0] in scraped:
             bt, most = size, p.max_blocks
         else:
             bt, most = p.block_tokens, p.default_max_blocks
@@ -321,9 +331,11 @@ class CountedRouter:
             capacity = blocks_per_server
         else:
             capacity = p.lru_capacity
-        self._cap[name] = capacity
-        h = self._held.get(name, 0) + blocks
-        self._held[name] = h if h < capacity else capacity
+        e.capacity = capacity
+        h = e.blocks + blocks
+        e.blocks = h = h if h < capacity else capacity
+        f = h / capacity  # `UniqueChainIndex.fills`
+        e.fill_term = 1.0 + (f if f < 1.0 else 1.0)
 
     def routed(self, rid: int, name: str, engine_request: object) -> None:
         """The engine's request for `rid`: its first token releases the prompt."""
