@@ -47,7 +47,7 @@ from epp.sim.kvcache import KVCache
 from epp.sim.latency import StepCostModel
 from epp.sim.lora import LoraRegistry
 from epp.sim.scheduler import Scheduler
-from epp.sim.sequence import Channel, SimRequest, State
+from epp.sim.sequence import Channel, SimRequest, State, _ids
 
 OUTPUT_ID = 0  # every generated token; prompt ids below never use it
 HASH_BASE = 1 << 20
@@ -107,6 +107,31 @@ class Load:
 class _Request(SimRequest):
     rid: int = -1
     times: list[float] | None = None
+
+
+# What `_Request(prompt, osl, _SHARED_CHANNEL, rid=rid)` holds apart from its prompt,
+# length, id and own lists: `_new_request` copies it instead of running the dataclass's
+# `__init__` (half of the cost of queueing a request, once per request of a replay).
+_PROTOTYPE = dict(_Request([0], 1, _SHARED_CHANNEL).__dict__, prompt=())
+
+
+def _new_request(tokens: list[int], osl: int, rid: int) -> _Request:
+    """`_Request(tokens, osl, _SHARED_CHANNEL, rid=rid)` with `prompt` emptied (the
+    scheduler works on `tokens`), taking `tokens` (a fresh list) instead of a copy. The
+    checks of `SimRequest.__post_init__` are the caller's (`VirtualEngine.add`)."""
+    req = _Request.__new__(_Request)
+    d = req.__dict__
+    d.update(_PROTOTYPE)
+    d["max_tokens"] = osl
+    d["id"] = next(_ids)
+    d["rid"] = rid
+    d["remote_block_ids"] = []
+    d["blocks"] = []
+    d["block_hashes"] = []
+    d["extra"] = {}
+    d["tokens"] = tokens
+    d["num_prompt_tokens"] = len(tokens)
+    return req
 
 
 def token_ids(
@@ -235,6 +260,8 @@ class VirtualEngine:
         self._run: _DecodeRun | None = None  # planned, not yet carried out
         self._now = 0.0  # the last advance_to target
         self._finished: list[Finished] = []
+        # (rid, time) of each first token, when the caller asks for them (a list, not None)
+        self.first_tokens: list[tuple[int, float]] | None = None
         # load() without the pending run: (waiting, running, used blocks, tokens left);
         # None after any change to the queues (a pool reads every replica per arrival)
         self._base: tuple[int, int, int, int] | None = None
@@ -262,6 +289,7 @@ class VirtualEngine:
         self.macro_steps = 0
         self._run = None
         self._finished = []
+        self.first_tokens = None
         self._base = None
         self._run_blocks = None
         self._started = None
@@ -285,8 +313,7 @@ class VirtualEngine:
             prompt, hashes = self._trace_prompt(rid, isl, hash_ids)
         else:
             prompt = prompt_tokens(rid, isl, hash_ids, self.block_tokens)
-        req = _Request(prompt, osl, _SHARED_CHANNEL, rid=rid)
-        req.prompt = ()  # the scheduler works on req.tokens (a copy); keep one copy
+        req = _new_request(prompt, osl, rid)
         req.block_hashes = hashes
         if self.record_token_times:
             req.times = []
@@ -487,7 +514,10 @@ class VirtualEngine:
             end = self.clock + self.cost.seconds(plan.shape)
             produced = sched.finish_step(plan, end)
             self.clock = end
+            firsts = self.first_tokens
             for req in produced:
+                if firsts is not None and req.generated == 1:
+                    firsts.append((req.rid, end))
                 if req.times is not None:
                     req.times.append(end)
                 if req.state is State.FINISHED:

@@ -142,12 +142,14 @@ def test_every_pick_is_the_directors(name, seed, blocks, pool, steps):
             going.append((rid, req))
             rid += 1
         elif kind == "first" and started:
-            _, req = started.pop(op[1] % len(started))
-            req.first_token_at = now
+            first, req = started.pop(op[1] % len(started))
+            req.first_token_at = now  # the director's router reads it at its next settle
+            counted.first_token(first, now)
         elif kind == "end" and going:
             done, req = going.pop(op[1] % len(going))
             if req.first_token_at is None:
                 req.first_token_at = now
+                counted.first_token(done, now)
                 started = [s for s in started if s[0] != done]
             for r in (live, counted):
                 r.finished(done, now)

@@ -204,7 +204,7 @@ class CountedRouter:
         # rid -> (its endpoint, prompt tokens still held, output tokens); an endpoint that
         # left stays referenced here, detached: late releases change nothing that is read
         self._holds: dict[int, tuple[_Endpoint, int, int]] = {}
-        self._prefill: list[tuple[int, object]] = []  # (rid, engine request) before 1st token
+        self._firsts: list[tuple[float, int]] = []  # (first token, rid): prompt released
         self._ends: list[tuple[float, int]] = []  # (finish, rid)
 
     # -- membership (EppRouter's) --------------------------------------------------------
@@ -230,30 +230,29 @@ class CountedRouter:
 
     # -- time ----------------------------------------------------------------------------
 
+    def first_token(self, rid: int, at: float) -> None:
+        """`rid`'s first token came at `at` (the engine tells, as it steps): from then
+        on its prompt no longer counts (`EppRouter` reads the same time off the engine's
+        request at each settle)."""
+        heapq.heappush(self._firsts, (at, rid))
+
     def finished(self, rid: int, finish: float) -> None:
         heapq.heappush(self._ends, (finish, rid))
 
     def settle(self, now: float, loads: object = None) -> None:
-        """First tokens and ends up to `now` (the director's `first_token` and `release`),
+        """First tokens and ends up to `now` (the director's `first_token` and `release`;
+        a first token is always taken before its end, as there),
         and the scrape tick: only whether an endpoint was ever scraped matters to these
         picks (autoTune's geometry), so `loads` is not read."""
         self.now = now
         k = self.plan.per_request
-        pending = self._prefill
-        if pending:
-            keep = []
-            holds = self._holds
-            for item in pending:
-                first = item[1].first_token_at  # type: ignore[attr-defined]
-                if first is not None and first <= now:
-                    e, prompt, output = holds[item[0]]
-                    e.prefill = p = max(0, e.prefill - prompt)
-                    e.base = p + e.decode + k * e.requests
-                    holds[item[0]] = (e, 0, output)  # its prompt is no longer held
-                else:
-                    keep.append(item)
-            if len(keep) != len(pending):
-                self._prefill = keep
+        firsts, holds = self._firsts, self._holds
+        while firsts and firsts[0][0] <= now:
+            _, rid = heapq.heappop(firsts)
+            e, prompt, output = holds[rid]
+            e.prefill = p = max(0, e.prefill - prompt)
+            e.base = p + e.decode + k * e.requests
+            holds[rid] = (e, 0, output)  # its prompt is no longer held
         ends = self._ends
         while ends and ends[0][0] <= now:
             _, rid = heapq.heappop(ends)
@@ -338,5 +337,4 @@ class CountedRouter:
         e.fill_term = 1.0 + (f if f < 1.0 else 1.0)
 
     def routed(self, rid: int, name: str, engine_request: object) -> None:
-        """The engine's request for `rid`: its first token releases the prompt."""
-        self._prefill.append((rid, engine_request))
+        """`EppRouter`'s; here first tokens come by `first_token`."""

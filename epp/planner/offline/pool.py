@@ -154,6 +154,9 @@ class Pool:
     ) -> None:
         self.shape = shape
         self.router = shape.router(seed, unique_prompts=unique_prompts)
+        # the counted router is told first tokens as the engines produce them (and reads
+        # no scrape); the director's reads each engine request's first-token time
+        self._counted = isinstance(self.router, CountedRouter)
         self._by_name: dict[str, Replica] = {}
         self.role = role
         self.spares = spares or Spares()
@@ -175,6 +178,7 @@ class Pool:
         name = f"{self.role.value}-{self._next}"
         self._next += 1
         engine = self.spares.get(self.shape.sim, self.shape.block_tokens)
+        engine.first_tokens = [] if self._counted else None
         ready_at = now if ready else now + self.shape.startup_s
         rep = Replica(name, self.role, engine, self.shape.gpus_per_replica, now, ready_at)
         rep.seq = self._next - 1
@@ -315,8 +319,15 @@ class Pool:
         return done
 
     def _step(self, r: Replica, t: float, done: list[Finished]) -> None:
-        r.engine.advance_to(t)
-        finished = r.engine.drain_finished()
+        engine = r.engine
+        engine.advance_to(t)
+        firsts = engine.first_tokens
+        if firsts:
+            first_token = self.router.first_token  # type: ignore[union-attr]
+            for rid, at in firsts:
+                first_token(rid, at)
+            firsts.clear()
+        finished = engine.drain_finished()
         if finished:
             r.in_flight -= len(finished)
             r.last_finish = max(r.last_finish, max(f.finish for f in finished))
@@ -341,6 +352,14 @@ class Pool:
             raise LookupError("no ready replica")
         now = max(self.now, at)
         router = self.router
+        if self._counted:
+            router.settle(now)
+            rep = self._by_name[router.pick(rid, isl, osl, hash_ids)]
+            rep.engine.add(rid, isl, osl, at, hash_ids)
+            if self.lazy:
+                self._schedule(rep)
+            rep.in_flight += 1
+            return rep
 
         def loads():
             # a replica whose engine has stayed steady since its last scrape would give
