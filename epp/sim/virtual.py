@@ -406,10 +406,9 @@ class VirtualEngine:
         """`load(at)`'s waiting and running requests and KV use: what a scrape of
         /metrics reads, without the tokens left or a `Load`."""
         base = self._base
-        if base is None:
-            self.load(at)  # builds the queues' part
-            base = self._base
-            assert base is not None
+        if base is None:  # load()'s queues' part without the tokens left (a sum per request)
+            s = self.scheduler
+            base = (s.num_waiting, len(s.running), self.kv.num_used_blocks)
         used = base[2]
         run = self._run
         if run is not None:

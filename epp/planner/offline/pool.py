@@ -202,6 +202,9 @@ class Pool:
         pool = self.replicas if state is State.GONE else self._live
         return [r for r in pool if r.state is state]
 
+    def has_ready(self) -> bool:
+        return bool(self._ready_list())
+
     def starting(self) -> list[Replica]:
         """`of(State.STARTING)`, in start order, from the few replicas that may change
         state instead of every live one (asked at every arrival)."""

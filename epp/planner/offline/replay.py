@@ -231,11 +231,14 @@ class _Replay:
             nan = math.nan
             self.window.complete(RequestRecord(a.t_s, a.isl, a.osl, nan, nan, 0.0, ok=False))
             return
+        if not self.held and self.pool.has_ready():  # the common case: route it now
+            self.where[rid] = self.pool.route(rid, a.isl, a.osl, a.t_s, a.hash_ids).name
+            return
         self.held.append(rid)
         self._route_held(a.t_s)
 
     def _route_held(self, now: float) -> None:
-        if not self.held or not self.pool.of(State.READY):
+        if not self.held or not self.pool.has_ready():
             return
         while self.held:
             rid = self.held.popleft()
@@ -247,7 +250,7 @@ class _Replay:
         """Run the pool to `t`; newly ready replicas take the held requests at their
         ready time."""
         pool = self.pool
-        for rep in sorted(pool.starting(), key=lambda r: r.ready_at):
+        for rep in sorted(pool.starting(), key=lambda r: r.ready_at) if self.held else ():
             if rep.ready_at <= t and self.held:
                 self._collect(pool.advance_to(rep.ready_at))
                 pool.update(rep.ready_at)
