@@ -191,7 +191,9 @@ class CountedRouter:
         for v in plan.before:
             pre = v if pre is None else pre + v
         self._pre = pre
-        self._after = plan.after
+        # + 0.0 (a prefix scorer's weighted 0 after token-load's) changes no comparison
+        # (only -0.0 to 0.0, which compare equal): skipped
+        self._after = tuple(v for v in plan.after if v != 0.0)
         self.now = 0.0
         self.scrape_s = SCRAPE_S
         self._next_scrape = 0.0
@@ -279,17 +281,17 @@ class CountedRouter:
             raise LookupError("no endpoint to route to")
         p = self.plan
         w = p.load_weight
+        pre = self._pre
         if w is None:
-            totals = [0.0 if self._pre is None else self._pre] * len(active)
+            totals = [0.0 if pre is None else pre] * len(active)
         else:
-            t = p.threshold
             # `token-load-scorer`: 1 - min(1, load / t), load = in-flight tokens + k x
             # requests + this prompt there (`placement_tokens`: x (1 + min(1, fill)))
+            t = p.threshold
             if p.eviction:
                 loads = [e.base + isl * e.fill_term for e in active]
             else:
                 loads = [e.base + isl for e in active]
-            pre = self._pre
             if pre is None:
                 totals = [w * (1.0 - (r if (r := x / t) < 1.0 else 1.0)) for x in loads]
             else:
