@@ -16,6 +16,7 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 POLL_S = 0.05
 
@@ -27,7 +28,7 @@ _LOW_PORT = 10000
 def _ephemeral_range() -> tuple[int, int]:
     """The kernel's range for outgoing connections' local ports (Linux default 32768-60999)."""
     try:
-        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[:2]
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
         return int(lo), int(hi)
     except (OSError, ValueError):
         return 32768, 60999
