@@ -42,9 +42,6 @@ keep `sla_mode.py`'s numbering.
    Off by default (an ablation recorded in docs/BENCHMARKS.md@a73a134: the ITL factor
    falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
    traces): decode sized on the decode profile alone, as Dynamo.
-11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
-   share of requests within both SLAs over a recent window drives a load factor the
-   sizing plans for (integral action, bounded, given back when comfortable).
 12. **The aggregated replica's TTFT** (`aggregated-ttft`; off by
    default): a prompt waits for the step in flight, rides in the next step with the
    decodes and the prompts batched with it, and takes ceil(u / `max-num-batched-tokens`)
@@ -102,8 +99,9 @@ class Sizing:
         self.last_isl = math.nan
         self.last_osl = math.nan
         self.cache_share = 0.0
-        self.ttft_goal = config.sla.ttft * self.x.sla_margin  # ms: what the sizing aims at
-        self.itl_goal = config.sla.itl * self.x.sla_margin
+        self.arrival_scv = 1.0 if self.x.arrival_scv is None else self.x.arrival_scv
+        self.ttft_goal = config.sla.ttft  # ms: what the sizing aims at
+        self.itl_goal = config.sla.itl
 
     # -- what the interval says about requests ------------------------------------------
     def remember(self, obs: Observation) -> None:
@@ -111,6 +109,8 @@ class Sizing:
             self.isl_samples = obs.isl_samples
         if self.requests and obs.osl_samples:  # only `request-target` reads them
             self.osl_samples = obs.osl_samples[:: max(1, len(obs.osl_samples) // OSL_SAMPLES)]
+        if self.x.arrival_scv is None and not math.isnan(obs.arrival_dispersion):
+            self.arrival_scv = obs.arrival_dispersion
         if not math.isnan(obs.isl.mean):
             self.last_isl = obs.isl.mean
         if not math.isnan(obs.osl.mean):
@@ -120,11 +120,10 @@ class Sizing:
 
     # -- 5-7. sizing ------------------------------------------------------------------
     def size(
-        self, pred: PredictedLoad, factor: float, diag: dict[str, float]
+        self, pred: PredictedLoad, diag: dict[str, float]
     ) -> tuple[dict[Role, int], dict[Role, float], list[str]]:
-        """Targets, demand and notes for the forecast `pred`, its rate × `factor` (the
-        request target's load factor, 1 without it)."""
-        lam = pred.requests * factor / self.interval
+        """Targets, demand and notes for the forecast `pred`."""
+        lam = pred.requests / self.interval
         notes: list[str] = []
         d_corr = self.factors.d
         d_need, best_met, d_thpt = self.decode_load(lam, pred.isl, pred.osl, d_corr)
@@ -306,7 +305,7 @@ class Sizing:
         var = mean([(s - mean_s) ** 2 for s in samples])
         cs2 = var / mean_s**2 if mean_s > 0 else 0.0
         svc_q = mean_s if self.q is None else quantile(samples, self.q)
-        return mean_s, svc_q, (self.x.arrival_scv + cs2) / 2
+        return mean_s, svc_q, (self.arrival_scv + cs2) / 2
 
     def ttft_ms(self, c: int, lam: float, samples: Sequence[float], decode_load: float) -> float:
         """The model's TTFT (ms, at the SLA statistic) with `c` replicas, of which
