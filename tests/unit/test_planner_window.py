@@ -76,23 +76,3 @@ def test_itl_by_request_is_aligned_with_ttft_so_both_slas_can_be_counted():
     assert o.itl_ms_by_request[0] == 12.0 and math.isnan(o.itl_ms_by_request[1])
     assert o.itl_ms_by_request[2] == 20.0 and len(o.itl_ms_by_request) == 3
     assert w.close(120.0, {}).itl_ms_by_request == ()  # the window restarted
-
-
-def test_arrival_dispersion_is_the_variance_over_the_mean_of_arrivals_per_sample():
-    # ticks of 1, 3, 2, 6 arrivals: mean 3, sample variance (4 + 0 + 1 + 9) / 3 = 14/3,
-    # index of dispersion 14/9; the arrivals after the last sample are no whole tick
-    w = IntervalWindow(start=0.0)
-    for n in (1, 3, 2, 6):
-        for _ in range(n):
-            w.admit(100)
-        w.sample([PoolSample(Role.AGGREGATED, 0, running=0, kv_mean=0.0, ready=1)])
-    w.admit(100)
-    obs = w.close(4.0, {})
-    assert obs.arrivals == 13
-    assert math.isclose(obs.arrival_dispersion, 14 / 9)
-    # one tick, or ticks without arrivals: nothing to measure
-    w.sample([])
-    assert math.isnan(w.close(5.0, {}).arrival_dispersion)
-    w.sample([])
-    w.sample([])
-    assert math.isnan(w.close(6.0, {}).arrival_dispersion)

@@ -169,12 +169,11 @@ class BeyondParams:
         doc="size prefill as an M/G/c queue so the percentile TTFT, waiting included, "
         "meets the SLA (Dynamo's min(1, correction) never adds replicas for queueing, #10528)",
     )
-    arrival_scv: float | None = param(
+    arrival_scv: float = param(
         1.0,
         min=0.0,
         doc="squared coefficient of variation of inter-arrival times in the queue model "
-        "(1 = Poisson; larger for burstier traffic within an interval); null: measured, "
-        "the last interval's index of dispersion of arrivals per pool sample",
+        "(1 = Poisson; larger for burstier traffic within an interval)",
     )
     distribution_aware_prefill: bool = param(
         False,

@@ -99,7 +99,6 @@ class Sizing:
         self.last_isl = math.nan
         self.last_osl = math.nan
         self.cache_share = 0.0
-        self.arrival_scv = 1.0 if self.x.arrival_scv is None else self.x.arrival_scv
         self.ttft_goal = config.sla.ttft  # ms: what the sizing aims at
         self.itl_goal = config.sla.itl
 
@@ -109,8 +108,6 @@ class Sizing:
             self.isl_samples = obs.isl_samples
         if self.requests and obs.osl_samples:  # only `request-target` reads them
             self.osl_samples = obs.osl_samples[:: max(1, len(obs.osl_samples) // OSL_SAMPLES)]
-        if self.x.arrival_scv is None and not math.isnan(obs.arrival_dispersion):
-            self.arrival_scv = obs.arrival_dispersion
         if not math.isnan(obs.isl.mean):
             self.last_isl = obs.isl.mean
         if not math.isnan(obs.osl.mean):
@@ -305,7 +302,7 @@ class Sizing:
         var = mean([(s - mean_s) ** 2 for s in samples])
         cs2 = var / mean_s**2 if mean_s > 0 else 0.0
         svc_q = mean_s if self.q is None else quantile(samples, self.q)
-        return mean_s, svc_q, (self.arrival_scv + cs2) / 2
+        return mean_s, svc_q, (self.x.arrival_scv + cs2) / 2
 
     def ttft_ms(self, c: int, lam: float, samples: Sequence[float], decode_load: float) -> float:
         """The model's TTFT (ms, at the SLA statistic) with `c` replicas, of which

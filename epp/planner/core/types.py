@@ -132,7 +132,6 @@ class Observation:
     start: float
     end: float
     arrivals: int = 0
-    arrival_dispersion: float = NAN  # variance / mean of arrivals per pool sample (window.py)
     completions: int = 0
     failures: int = 0
     isl: Stats = EMPTY

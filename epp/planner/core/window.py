@@ -33,8 +33,6 @@ class IntervalWindow:
     def _reset(self, start: float) -> None:
         self.start = start
         self._arrivals = 0
-        self._since_sample = 0  # arrivals since the last pool sample (one per tick)
-        self._per_tick: list[int] = []
         self._isl_sample: list[int] = []
         self._failures = 0
         self._isl: list[float] = []
@@ -49,7 +47,6 @@ class IntervalWindow:
     def admit(self, isl: int) -> None:
         """A request was admitted (routed) with this prompt length."""
         self._arrivals += 1
-        self._since_sample += 1
         if len(self._isl_sample) < self._cap:
             self._isl_sample.append(isl)
         elif self._cap:
@@ -71,10 +68,7 @@ class IntervalWindow:
         self._cached.append(rec.cached_tokens)
 
     def sample(self, samples: Iterable[PoolSample]) -> None:
-        """One tick's reading, one sample per role present in the pool; it also closes
-        the tick's arrival count (`arrival_dispersion`)."""
-        self._per_tick.append(self._since_sample)
-        self._since_sample = 0
+        """One tick's reading, one sample per role present in the pool."""
         for s in samples:
             self._samples.setdefault(s.role, []).append(s)
 
@@ -89,7 +83,6 @@ class IntervalWindow:
             start=self.start,
             end=now,
             arrivals=self._arrivals,
-            arrival_dispersion=dispersion(self._per_tick),
             completions=len(self._ttft),
             failures=self._failures,
             isl=Stats.of(self._isl),
@@ -109,20 +102,6 @@ class IntervalWindow:
         )
         self._reset(now)
         return obs
-
-
-def dispersion(counts: list[int]) -> float:
-    """Index of dispersion (variance / mean) of arrivals per tick: 1 for Poisson
-    arrivals, the inter-arrival times' squared coefficient of variation for a renewal
-    process counted over ticks long against its gaps, more when the rate moves within
-    the interval. NaN with fewer than two ticks or no arrival."""
-    n = len(counts)
-    if n < 2:
-        return math.nan
-    m = math.fsum(counts) / n
-    if m <= 0:
-        return math.nan
-    return math.fsum((c - m) ** 2 for c in counts) / (n - 1) / m
 
 
 def _role_load(samples: list[PoolSample]) -> RoleLoad:
