@@ -269,32 +269,3 @@ def test_idle_interval_holds_the_length_forecasts_unless_dynamo_rule():
     assert held.predict().requests == dynamo.predict().requests == 0.0
     assert (held.predict().isl, held.predict().osl) == (2000.0, 300.0)
     assert (dynamo.predict().isl, dynamo.predict().osl) == (0.0, 0.0)
-
-
-def test_constant_upper_bound_is_the_last_value_times_the_historys_rise_quantile():
-    # history 30 intervals of 10, 11, 12, 10, 11, 12, ...: the ratios one interval
-    # ahead are 1.1, 12/11, 10/12 in turn (29 of them); two ahead 1.2, 10/11, 11/12.
-    # q 0.9 one ahead: rank ceil(0.9 x 29) = 27 of the sorted ratios, 1.1 (10 of each
-    # value, 1.1 the largest); from the last value 12: 13.2.
-    p = ConstantPredictor(history=30)
-    for i in range(30):
-        p.add(10 + i % 3)
-    assert p.predict(1) == 12.0
-    assert p.predict_upper(1, 0.9) == pytest.approx(13.2)
-    assert p.predict_upper(2, 0.9) == pytest.approx(14.4)  # x 1.2
-    # the median ratio one ahead is 12/11 (ranks 10-19 of 29): above 1, so above the last
-    assert p.predict_upper(1, 0.5) == pytest.approx(12 * 12 / 11)
-    # without history, or with fewer than MIN_RATIOS ratios: the point forecast
-    assert ConstantPredictor().predict_upper(1, 0.9) == ConstantPredictor().predict(1)
-    short = ConstantPredictor(history=30)
-    for v in (10, 20, 40):
-        short.add(v)
-    assert short.predict_upper(1, 0.9) == 40.0
-
-
-def test_constant_upper_bound_ignores_ratios_from_zero_and_never_goes_below_the_last():
-    p = ConstantPredictor(history=50)
-    p.add(5)
-    for i in range(40):
-        p.add(0 if i % 4 == 0 else 100 - i)  # a falling series with quiet intervals
-    assert p.predict_upper(1, 0.9) >= p.predict(1)

@@ -17,8 +17,8 @@ Per interval (items 1, 2 and 4 here; the rest in the module that implements them
    start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
    takes the largest of them, at the `forecast-quantile` upper bound
    (`predict_upper`), not the point forecast.
-5-7. **Prefill, decode and aggregated sizing**, 12 the **aggregated replica's
-   TTFT**: `sla_sizing.py`.
+5-7. **Prefill, decode and aggregated sizing**, 11-12 the **request target** and the
+   **aggregated replica's TTFT**: `sla_sizing.py`.
 8-10. **Hysteresis, the reversal guard and meeting rises**: `sla_damping.py`.
 """
 
@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 
 from epp.planner.core.agg_ttft import AggregatedTtft
-from epp.planner.core.attainment import Tally
+from epp.planner.core.attainment import AttainmentControl, Tally
 from epp.planner.core.config import PlannerConfig
 from epp.planner.core.mode import Proposal, current
 from epp.planner.core.perf import Profile
@@ -61,6 +61,17 @@ class SlaMode:
         self.corrections = Corrections(config, self.sizing)
         self.hysteresis = Hysteresis(self._roles, self._x.scale_down_window, self._x.reversal_guard)
         self.rise = Rise(self._x.rise_headroom)
+        x = self._x
+        self.attainment = (
+            AttainmentControl(
+                x.attainment_target,
+                x.attainment_window,
+                x.attainment_gain,
+                x.attainment_max_factor,
+            )
+            if x.attainment_target > 0
+            else None
+        )
 
     # the factors, as the tests and the decision log read them
     @property
@@ -94,10 +105,15 @@ class SlaMode:
         if obs.idle and not self._x.idle_scale_down:
             return Proposal(have, "no traffic: skipping the interval (idle-scale-down off)")
         diag: dict[str, float] = {}
+        if self.attainment is not None:
+            starting = any(obs.replicas_of(r).starting for r in self._roles)
+            sla = self._cfg.sla
+            diag |= self.attainment.update(obs, sla.ttft, sla.itl, starting)
         if not self._cfg.sla.no_correction:
             self.corrections.correct(obs, diag)
         pred = self._forecast(diag)
-        sized, demand, notes = sizing.size(pred, diag)
+        factor = self.attainment.factor if self.attainment else 1.0
+        sized, demand, notes = sizing.size(pred, factor, diag)
         targets, why = self.hysteresis.apply(now, sized, have, obs.start)
         bound = self._startup_bound(obs)
         if bound:

@@ -42,6 +42,9 @@ keep `sla_mode.py`'s numbering.
    Off by default (an ablation recorded in docs/BENCHMARKS.md@a73a134: the ITL factor
    falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
    traces): decode sized on the decode profile alone, as Dynamo.
+11. **The request target** (`attainment-target`, 0.99; `attainment.py`): the
+   share of requests within both SLAs over a recent window drives a load factor the
+   sizing plans for (integral action, bounded, given back when comfortable).
 12. **The aggregated replica's TTFT** (`aggregated-ttft`; off by
    default): a prompt waits for the step in flight, rides in the next step with the
    decodes and the prompts batched with it, and takes ceil(u / `max-num-batched-tokens`)
@@ -117,10 +120,11 @@ class Sizing:
 
     # -- 5-7. sizing ------------------------------------------------------------------
     def size(
-        self, pred: PredictedLoad, diag: dict[str, float]
+        self, pred: PredictedLoad, factor: float, diag: dict[str, float]
     ) -> tuple[dict[Role, int], dict[Role, float], list[str]]:
-        """Targets, demand and notes for the forecast `pred`."""
-        lam = pred.requests / self.interval
+        """Targets, demand and notes for the forecast `pred`, its rate × `factor` (the
+        request target's load factor, 1 without it)."""
+        lam = pred.requests * factor / self.interval
         notes: list[str] = []
         d_corr = self.factors.d
         d_need, best_met, d_thpt = self.decode_load(lam, pred.isl, pred.osl, d_corr)

@@ -59,13 +59,6 @@ class PredictorParams:
     kalman_min_points: int = param(
         5, min=1, doc="kalman forecasts the last value until it has this many points"
     )
-    load_history: float = param(
-        21600.0,
-        min=0.0,
-        doc="constant: seconds of request counts whose rises over the lead time give the "
-        "forecast's upper quantile (forecast-quantile): the last count times the "
-        "quantile of count[t + k] / count[t] seen in them; 0: the point forecast only",
-    )
     hold_idle_lengths: bool = param(
         True,
         doc="an interval without requests leaves the ISL/OSL models alone (false: feed 0, "
@@ -73,17 +66,14 @@ class PredictorParams:
     )
 
 
-def build_predictor(
-    params: PredictorParams, *, interval_s: float = 180.0, history: bool = False
-) -> Predictor:
+def build_predictor(params: PredictorParams, *, interval_s: float = 180.0) -> Predictor:
     """One model as `params.load_predictor` names it. `interval_s` (the adjustment
     interval) gives Prophet its timestamps, so its daily/weekly seasonality is in real
     time; the other models count intervals."""
     name = params.load_predictor
     log1p = params.load_predictor_log1p
     if name == "constant":
-        keep = round(params.load_history / interval_s) if history else 0
-        return ConstantPredictor(keep)
+        return ConstantPredictor()
     if name == "kalman":
         from epp.planner.core.predictors.kalman import KalmanPredictor
 
@@ -159,7 +149,7 @@ def build_load_predictors(params: PredictorParams, interval_s: float) -> LoadPre
     if not (interval_s > 0 and math.isfinite(interval_s)):
         raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s}")
     return LoadPredictors(
-        requests=build_predictor(params, interval_s=interval_s, history=True),
+        requests=build_predictor(params, interval_s=interval_s),
         isl=build_predictor(params, interval_s=interval_s),
         osl=build_predictor(params, interval_s=interval_s),
         interval_s=interval_s,
