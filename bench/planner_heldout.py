@@ -12,6 +12,10 @@ docs/data/results/<suite>.json through `bench/planner_frontier.py`'s rows and ch
 5-minute window, 0 lost, <= 1 reversal per 30 minutes, never over the budget,
 <= 0.65x static-peak's GPU-hours, <= 0.9x the field's cheapest >= 99 % point).
 
+`--reuse TAG` reads static-peak, the oracle and the laws from TAG's JSON of the same
+traces (they do not depend on `epp`'s settings) and replays `epp` alone, with
+static-peak once at TAG's size beside it as a check.
+
 Days 7-13 (`--start-hour` 168 and later) are the held-out set of docs/planner.md; days
 0-6 the training set. The scale is what this machine can replay: docs/planner.md says
 how far it is from the ~10 and ~40 replica pools and what those would cost.
