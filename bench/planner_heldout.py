@@ -12,6 +12,10 @@ docs/data/results/<suite>.json through `bench/planner_frontier.py`'s rows and ch
 5-minute window, 0 lost, <= 1 reversal per 30 minutes, never over the budget,
 <= 0.65x static-peak's GPU-hours, <= 0.9x the field's cheapest >= 99 % point).
 
+`--reuse TAG` reads static-peak, the oracle and the laws from TAG's JSON of the same
+traces (they do not depend on `epp`'s settings) and replays `epp` alone, with
+static-peak once at TAG's size beside it as a check.
+
 Days 7-13 (`--start-hour` 168 and later) are the held-out set of docs/planner.md; days
 0-6 the training set. The scale is what this machine can replay: docs/planner.md says
 how far it is from the ~10 and ~40 replica pools and what those would cost.
@@ -78,6 +82,17 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
         )  # fmt: skip
     startups = [s.strip() for s in args.startups.split(",")]
     stem = f"{trace.stem}-{args.preset}-{args.tag}"
+    reused = [work / f"{trace.stem}-{args.preset}-{args.reuse}-{s}.json" for s in startups]
+    if args.reuse and all(p.exists() for p in reused):
+        doc = run_epp_only(args, trace, stem, startups, reused)
+    else:
+        doc = run_all(args, trace, stem, startups)
+    doc["trace"] = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
+    return doc
+
+
+def run_all(args: argparse.Namespace, trace: Path, stem: str, startups: list[str]) -> dict:
+    work = Path(args.workdir)
     docs = [
         replay(args, trace, work / f"{stem}-{startups[0]}.json", args.policies,
                ["--startup-s", startups[0]] + (["--sweep"] if args.sweep else []))
@@ -91,9 +106,27 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
             replay(args, trace, work / f"{stem}-{s}.json", more,
                    ["--startup-s", s, "--static-peak", str(peak)])
         )  # fmt: skip
-    doc = merge(docs)
-    doc["trace"] = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
-    return doc
+    return merge(docs)
+
+
+def run_epp_only(
+    args: argparse.Namespace, trace: Path, stem: str, startups: list[str], reused: list[Path]
+) -> dict:
+    """`--reuse TAG`: the baselines (static-peak, the oracle, the field's laws) do not
+    depend on `epp`'s settings, so they are read from TAG's comparisons of the same
+    trace and `epp` alone is replayed at each start-up delay, with static-peak replayed
+    once at TAG's size beside it (the check that the replay still gives TAG's figure)."""
+    docs: list[dict] = []
+    peak = policy(json.loads(reused[0].read_text()), "static-peak")["initial_replicas"]
+    for s, old_path in zip(startups, reused, strict=True):
+        old = json.loads(old_path.read_text())
+        pols = "static-peak,epp" if not docs else "epp"
+        doc = replay(args, trace, Path(args.workdir) / f"{stem}-{s}.json", pols,
+                     ["--startup-s", s, "--static-peak", str(peak)])  # fmt: skip
+        have = {p["name"] for p in doc["policies"]}
+        kept = [p for p in old["policies"] if p["name"] not in have and p["name"] != "epp"]
+        docs.append(doc | {"policies": doc["policies"] + kept})
+    return merge(docs)
 
 
 def policy(doc: dict, name: str) -> dict:
@@ -145,6 +178,12 @@ def main() -> int:
     ap.add_argument("--workdir", default="planner-heldout", help="traces and replay JSON")
     ap.add_argument("--tag", default="default", help="names this set-up's JSON files")
     ap.add_argument("--rerun", action="store_true", help="replay even where JSON exists")
+    ap.add_argument(
+        "--reuse",
+        metavar="TAG",
+        help="read static-peak, the oracle and the laws from TAG's JSON of the same slices "
+        "and replay epp alone (after a change to epp's settings)",
+    )
     ap.add_argument("--suite", default="planner_heldout")
     ap.add_argument("--title", default="The planner on held-out ServeGen days")
     ap.add_argument("--notes", default="", help="markdown before the target checks (or @FILE)")
@@ -163,6 +202,7 @@ def main() -> int:
         f"python bench/planner_heldout.py --slices {args.slices} --scale {args.scale:g} "
         f"--preset {args.preset} --startups {args.startups} --policies {args.policies}"
         + (" --sweep" if args.sweep else "")
+        + (f" --reuse {args.reuse}" if args.reuse else "")
     )
     result = Result.measured(
         args.suite, args.title, command, COLUMNS, rows, notes,

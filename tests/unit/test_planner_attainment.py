@@ -106,7 +106,7 @@ def test_bounded_above_and_silent_on_few_requests():
 
 
 def test_the_sla_mode_sizes_for_the_factor():
-    # The queue-aware prefill case of test_sla_margin_sizes_against_a_share_of_the_target:
+    # Disaggregated prefill, queue-aware at p90:
     # 540 req/min, ISL 8000 -> S = 0.2 s, a = 1.8, TTFT SLA 320 ms at p90 sizes 3 (p90
     # wait with 3: 0.1055 s within 0.32 - 0.2 = 0.12). An interval where 54 of 540
     # requests (10 %) missed: factor 1 + 3 x (0.99 - 0.9) = 1.27, a = 2.286: 3 replicas
@@ -128,3 +128,15 @@ def test_the_sla_mode_sizes_for_the_factor():
     (off, _), (on, diag) = sized(0.0), sized(0.99)
     assert diag["attainment_factor"] == pytest.approx(1.27)
     assert (on, off) == (4, 3)
+
+
+def test_the_request_target_is_on_by_default_and_the_removed_margin_fails_naming_it():
+    from epp.config.errors import ConfigError
+    from epp.planner.core.config import load_planner_file
+
+    assert load_planner_file("{}").beyond.attainment_target == 0.99
+    with pytest.raises(ConfigError) as e:
+        load_planner_file("sla-margin: 0.9\n", "planner.yaml")
+    text = str(e.value)
+    assert text.startswith("planner.yaml") and "sla-margin" in text and "removed" in text
+    assert "\n" not in text and "did you mean" not in text

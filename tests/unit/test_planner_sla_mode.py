@@ -363,21 +363,6 @@ def test_rise_headroom_is_at_most_the_forecast_again():
     assert d.predicted.requests == pytest.approx(2400.0) and d.targets == {A: 6}
 
 
-def test_sla_margin_sizes_against_a_share_of_the_target():
-    # Disaggregated prefill, queue-aware at p90: 540 req/min, ISL 8000 -> S = 0.2 s, a = 1.8;
-    # (ca² + cs²)/2 = 0.5. TTFT SLA 320 ms. c = 3: C = 0.35474, rate = (3 - 1.8)/0.2/0.5 =
-    # 12/s, p90 wait = ln(3.5474)/12 = 0.1055 s. Margin 1: budget 0.32 - 0.2 = 0.12 s ->
-    # 3 replicas. Margin 0.9: goal 288 ms, budget 0.088 s < 0.1055 -> c = 4 (p90 wait
-    # ln(1.2850)/22 = 0.0114 s).
-    seen = obs(completions=540, isl=8000, replicas=pd(1, 1))
-
-    def prefill(m: float) -> int:
-        pol = epp(queue_aware_prefill=True, sla_percentile="p90", ttft=320, sla_margin=m)
-        return pol.step(60, seen).targets[P]
-
-    assert (prefill(1.0), prefill(0.9)) == (3, 4)
-
-
 @functools.cache
 def rising() -> Profile:
     """The helpers' prefill (TTFT = ISL/40 000 s: 25 ms at 1000) and decode ITL (5 + 20·KV

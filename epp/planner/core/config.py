@@ -218,23 +218,15 @@ class BeyondParams:
         "the forecast again; 0: off. 0.5 from an ablation on the tuning traces (Azure, "
         "Mooncake)",
     )
-    sla_margin: float = param(
-        1.0,
-        min=0.5,
-        max=1.0,
-        doc="size against this share of the TTFT and ITL targets (the SLA statistic of an "
-        "interval at exactly the SLA still lets a tenth of its requests miss; a margin buys "
-        "request attainment); 1: the SLA itself",
-    )
     attainment_target: float = param(
-        0.0,
+        0.99,
         min=0.0,
         max=0.9999,
         doc="a feedback term on the share of requests within both SLAs: when the last "
         "attainment-window seconds kept fewer than this share, the sizing plans for more "
         "load (integral action on a load factor), giving it back when at most half the "
         "miss budget is used (epp/planner/core/attainment.py); 0: off, size on the SLA "
-        "percentile alone",
+        "percentile alone. 0.99, the request target, from ServeGen days 0-6 (docs/planner.md)",
     )
     attainment_window: float = param(
         300.0,
@@ -527,6 +519,15 @@ def check_live(cfg: PlannerConfig) -> None:
             ) from None
 
 
+# keys an earlier version read, removed because no trace of the training set chose them
+# (docs/planner.md "Which data each default was chosen on"): a file that still sets one
+# gets this line instead of a "did you mean"
+REMOVED = {
+    "sla-margin": "removed: attainment-target sizes for the share of requests within the "
+    "SLA, which a margin on the percentile only approximated; delete the key",
+}
+
+
 def parse_planner_config(raw: Any) -> PlannerConfig:
     """Split a flat map among the groups; unknown keys are an error."""
     if raw is None:
@@ -536,6 +537,8 @@ def parse_planner_config(raw: Any) -> PlannerConfig:
     known = {cls: fields_by_yaml_name(cls, "kebab") for cls in GROUPS}
     everything = [k for names in known.values() for k in names]
     for key in raw:
+        if str(key) in REMOVED:
+            raise ConfigError(str(key), REMOVED[str(key)])
         if not any(str(key) in names for names in known.values()):
             close = difflib.get_close_matches(str(key), everything, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""

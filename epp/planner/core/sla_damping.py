@@ -21,9 +21,6 @@ items keep `sla_mode.py`'s numbering.
      replica asked for now is serving (a linear trend over the lead time, Holt's
      forecast with the trend taken from the last two intervals), at most the forecast
      again (a burst from silence is all rise: AIBrix APA's 2x cap on one step);
-   - `sla-margin` m: size against m x the TTFT and ITL targets. An interval whose p90
-     sits exactly at the SLA lets a tenth of its requests miss, and the judge counts
-     >= 99 % of requests: the margin is where the planner buys that.
    A shorter decision interval than the window (`adjustment-interval: 30`) is the
    asymmetric scheme the HPA uses (scale-up with no stabilization, scale-down after its
    300 s window; KEDA polls every 30 s by default, the vLLM recipe every 15 s): the

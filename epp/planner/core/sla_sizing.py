@@ -42,7 +42,7 @@ keep `sla_mode.py`'s numbering.
    Off by default (an ablation recorded in docs/BENCHMARKS.md@a73a134: the ITL factor
    falls from a median 1.4-1.7 to 1.2, but the sizing does not win on all three
    traces): decode sized on the decode profile alone, as Dynamo.
-11. **The request target** (`attainment-target`, off by default; `attainment.py`): the
+11. **The request target** (`attainment-target`, 0.99; `attainment.py`): the
    share of requests within both SLAs over a recent window drives a load factor the
    sizing plans for (integral action, bounded, given back when comfortable).
 12. **The aggregated replica's TTFT** (`aggregated-ttft`; off by
@@ -102,8 +102,8 @@ class Sizing:
         self.last_isl = math.nan
         self.last_osl = math.nan
         self.cache_share = 0.0
-        self.ttft_goal = config.sla.ttft * self.x.sla_margin  # ms: what the sizing aims at
-        self.itl_goal = config.sla.itl * self.x.sla_margin
+        self.ttft_goal = config.sla.ttft  # ms: what the sizing aims at
+        self.itl_goal = config.sla.itl
 
     # -- what the interval says about requests ------------------------------------------
     def remember(self, obs: Observation) -> None:
