@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from bench.planner_frontier import FIELD, TARGET  # noqa: E402
 from bench.planner_heldout import SERVEGEN, epp, replay  # noqa: E402
 from bench.results import RESULTS, Result, load_span  # noqa: E402
 
-POLICIES = "static-peak,keda-queue,llm-d-slo,load,dynamo"
+# one replay process per part of a comparison: static-peak (and dynamo's refusal) with
+# keda-queue, then each other law, every part with its law's sweep
+PARTS = {"keda": "static-peak,keda-queue,dynamo", "llmd": "llm-d-slo", "load": "load"}
 COLUMNS = [
     "trace", "startup_s", "policy", "setting", "gpu_hours", "vs_static_peak",
     "requests_within_sla", "worst_5min", "on_frontier", "cheapest_99", "epp_vs_cheapest_99",
@@ -165,20 +168,38 @@ def notes_with(text: str, rows: list[list[Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> list[list[Any]]:
-    """Every slice at the first start-up, then every slice at the next: a run cut short
-    has the first delay complete."""
+    """Every slice at the first start-up, then every slice at the next (a run cut short
+    has the first delay complete). Each comparison is split by law (`PARTS`), every part
+    of every slice of one delay its own replay process, side by side: a law's JSON is
+    kept when another's run is cut short, and the parts of one comparison share its
+    set-up (the same trace, SLA, budget and static-peak size), so they merge into it."""
     slices = [tuple(int(x) for x in s.split(":")) for s in args.slices.split(",")]
     peaks = args.static_peak.split(",") if args.static_peak else [None] * len(slices)
     traces = [generate(args, start, hours) for start, hours in slices]
     rows: list[list[Any]] = []
     for startup in args.startups.split(","):
-        for (start, hours), trace, peak in zip(slices, traces, peaks, strict=True):
+        jobs = []
+        for trace, peak in zip(traces, peaks, strict=True):
             extra = ["--sweep", "--startup-s", startup] + (["--static-peak", peak] if peak else [])
-            out = Path(args.workdir) / f"{trace.stem}-{args.preset}-field-{startup}.json"
-            doc = replay(args, trace, out, args.policies, extra)
+            stem = Path(args.workdir) / f"{trace.stem}-{args.preset}-field-{startup}"
+            for part, policies in PARTS.items():
+                jobs.append((trace, Path(f"{stem}-{part}.json"), policies, extra))
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            docs = list(pool.map(lambda j: replay(args, *j), jobs))
+        for k, ((start, hours), _) in enumerate(zip(slices, traces, strict=True)):
             name = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
-            rows += sweep_rows(doc, name)
+            rows += sweep_rows(merge_parts(docs[k * len(PARTS) : (k + 1) * len(PARTS)]), name)
     return rows
+
+
+def merge_parts(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One comparison from its parts: every part's policies and swept points, the first
+    part's static-peak and refusals."""
+    first = docs[0]
+    sweep = first["sweep"][0] | {
+        "policies": {k: v for d in docs for k, v in d["sweep"][0]["policies"].items()}
+    }
+    return first | {"policies": [p for d in docs for p in d["policies"]], "sweep": [sweep]}
 
 
 def main() -> int:
@@ -187,7 +208,6 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.015)
     ap.add_argument("--preset", default="llama-3.1-70b-4xh100")
     ap.add_argument("--startups", default="100,300", metavar="S1,S2")
-    ap.add_argument("--policies", default=POLICIES)
     ap.add_argument(
         "--static-peak", metavar="N1,N2",
         help="static-peak's replicas per slice, from the held-out table (else searched)",

@@ -9,6 +9,7 @@ from bench.planner_heldout_field import (
     FRONTIER,
     RATIO,
     epp_rows,
+    merge_parts,
     merged,
     notes_with,
     summary_lines,
@@ -101,3 +102,21 @@ def test_epps_ratio_is_to_the_cheapest_field_point_and_recomputes_from_the_table
     assert "= 0.95x the cheapest (MISSED: <= 0.9x)" in lines[0]
     notes = notes_with("Set-up.", merged(field, [again]))
     assert notes.startswith("Set-up.\n\n**Per slice") and notes.endswith(lines[0])
+
+
+def test_the_parts_of_a_comparison_merge_into_it():
+    # the comparison split as the script runs it: static-peak and keda-queue (with
+    # dynamo's refusal), then llm-d-slo, then load, each with its own sweep
+    whole = comparison()
+    laws = whole["sweep"][0]["policies"]
+
+    def part(names: list[str], policies: list[dict], refused: dict) -> dict:
+        sweep = whole["sweep"][0] | {"policies": {n: laws[n] for n in names}}
+        return {"startup_s": 100.0, "policies": policies, "sweep": [sweep], "refused": refused}
+
+    parts = [
+        part(["static-peak", "keda-queue"], whole["policies"], whole["refused"]),
+        part(["llm-d-slo"], [], {}),
+        part(["load"], [], {}),
+    ]
+    assert sweep_rows(merge_parts(parts), TRACE) == sweep_rows(whole, TRACE)
