@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -172,34 +173,48 @@ def run(args: argparse.Namespace) -> list[list[Any]]:
     has the first delay complete). Each comparison is split by law (`PARTS`), every part
     of every slice of one delay its own replay process, side by side: a law's JSON is
     kept when another's run is cut short, and the parts of one comparison share its
-    set-up (the same trace, SLA, budget and static-peak size), so they merge into it."""
+    set-up (the same trace, SLA, budget and static-peak size), so they merge into it.
+    `--existing`: only the parts whose JSON a run left, none replayed."""
     slices = [tuple(int(x) for x in s.split(":")) for s in args.slices.split(",")]
     peaks = args.static_peak.split(",") if args.static_peak else [None] * len(slices)
     traces = [generate(args, start, hours) for start, hours in slices]
-    rows: list[list[Any]] = []
+    docs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for startup in args.startups.split(","):
         jobs = []
-        for trace, peak in zip(traces, peaks, strict=True):
+        for k, (trace, peak) in enumerate(zip(traces, peaks, strict=True)):
             extra = ["--sweep", "--startup-s", startup] + (["--static-peak", peak] if peak else [])
             stem = Path(args.workdir) / f"{trace.stem}-{args.preset}-field-{startup}"
-            for part, policies in PARTS.items():
-                jobs.append((trace, Path(f"{stem}-{part}.json"), policies, extra))
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            docs = list(pool.map(lambda j: replay(args, *j), jobs))
-        for k, ((start, hours), _) in enumerate(zip(slices, traces, strict=True)):
-            name = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
-            rows += sweep_rows(merge_parts(docs[k * len(PARTS) : (k + 1) * len(PARTS)]), name)
+            for part in args.parts.split(","):
+                out = Path(f"{stem}-{part}.json")
+                if out.exists() or not args.existing:
+                    jobs.append(((k, startup), (trace, out, PARTS[part], extra)))
+        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+            done = list(pool.map(lambda j: replay(args, *j[1]), jobs))
+        for (key, _), doc in zip(jobs, done, strict=True):
+            docs.setdefault(key, []).append(doc)
+    rows: list[list[Any]] = []
+    for (k, _), parts in docs.items():
+        start, hours = slices[k]
+        name = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
+        peak = [p for (i, _), ds in docs.items() if i == k for d in ds for p in d["policies"]]
+        rows += sweep_rows(merge_parts(parts, peak), name)
     return rows
 
 
-def merge_parts(docs: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_parts(
+    docs: list[dict[str, Any]], others: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """One comparison from its parts: every part's policies and swept points, the first
-    part's static-peak and refusals."""
+    part's refusals. A comparison whose parts left static-peak out takes it from
+    `others` (the same slice at another delay: a static pool does not depend on it)."""
     first = docs[0]
     sweep = first["sweep"][0] | {
         "policies": {k: v for d in docs for k, v in d["sweep"][0]["policies"].items()}
     }
-    return first | {"policies": [p for d in docs for p in d["policies"]], "sweep": [sweep]}
+    pols = [p for d in docs for p in d["policies"]]
+    if not any(p["name"] == "static-peak" for p in pols):
+        pols = [next(p for p in others if p["name"] == "static-peak"), *pols]
+    return first | {"policies": pols, "sweep": [sweep]}
 
 
 def main() -> int:
@@ -213,6 +228,11 @@ def main() -> int:
         help="static-peak's replicas per slice, from the held-out table (else searched)",
     )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--existing", action="store_true", help="only the parts already replayed")
+    ap.add_argument(
+        "--parts", default=",".join(PARTS),
+        help="which parts of each comparison to replay (the first holds static-peak)",
+    )  # fmt: skip
     ap.add_argument("--servegen", type=Path, default=SERVEGEN)
     ap.add_argument("--workdir", default="planner-heldout", help="traces and replay JSON")
     ap.add_argument("--rerun", action="store_true", help="replay even where JSON exists")

@@ -120,3 +120,11 @@ def test_the_parts_of_a_comparison_merge_into_it():
         part(["load"], [], {}),
     ]
     assert sweep_rows(merge_parts(parts), TRACE) == sweep_rows(whole, TRACE)
+
+
+def test_a_comparison_without_static_peak_takes_it_from_another_delay():
+    whole = comparison()
+    later = {"startup_s": 300.0, "policies": [], "sweep": whole["sweep"]}
+    rows = sweep_rows(merge_parts([later], whole["policies"]), TRACE)
+    assert rows[0][:5] == [TRACE, 300.0, "static-peak", "2 replicas", 100.0]
+    assert all(r[1] == 300.0 for r in rows)
