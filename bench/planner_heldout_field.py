@@ -36,10 +36,16 @@ sys.path.insert(0, str(ROOT))
 from bench.planner_frontier import FIELD, TARGET  # noqa: E402
 from bench.planner_heldout import SERVEGEN, epp, replay  # noqa: E402
 from bench.results import RESULTS, Result, load_span  # noqa: E402
+from epp.planner.offline.sweep import Point, cheapest_at, frontier  # noqa: E402
 
 # one replay process per part of a comparison: static-peak (and dynamo's refusal) with
 # keda-queue, then each other law, every part with its law's sweep
 PARTS = {"keda": "static-peak,keda-queue,dynamo", "llmd": "llm-d-slo", "load": "load"}
+# `load` below the profiler's KV floor (its formula never goes under 0.1): on short
+# requests the KV use stays under it and the law never leaves min-endpoint. Each band
+# is one replay of `load` with a planner file (up, down; the profiler's prefill queue
+# thresholds, which an aggregated pool does not read), added to load's swept points.
+LOAD_LOW_KV = ((0.1, 0.05), (0.05, 0.02), (0.02, 0.01))
 COLUMNS = [
     "trace", "startup_s", "policy", "setting", "gpu_hours", "vs_static_peak",
     "requests_within_sla", "worst_5min", "on_frontier", "cheapest_99", "epp_vs_cheapest_99",
@@ -179,19 +185,26 @@ def run(args: argparse.Namespace) -> list[list[Any]]:
     peaks = args.static_peak.split(",") if args.static_peak else [None] * len(slices)
     traces = [generate(args, start, hours) for start, hours in slices]
     docs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    parts = args.parts.split(",")
     for startup in args.startups.split(","):
-        jobs = []
-        for k, (trace, peak) in enumerate(zip(traces, peaks, strict=True)):
-            extra = ["--sweep", "--startup-s", startup] + (["--static-peak", peak] if peak else [])
-            stem = Path(args.workdir) / f"{trace.stem}-{args.preset}-field-{startup}"
-            for part in args.parts.split(","):
-                out = Path(f"{stem}-{part}.json")
-                if out.exists() or not args.existing:
-                    jobs.append(((k, startup), (trace, out, PARTS[part], extra)))
-        with ThreadPoolExecutor(max(1, len(jobs))) as pool:
-            done = list(pool.map(lambda j: replay(args, *j[1]), jobs))
-        for (key, _), doc in zip(jobs, done, strict=True):
-            docs.setdefault(key, []).append(doc)
+        # `loadkv` after the others: it takes the budget the load part's replay set
+        for phase in ([p for p in parts if p != "loadkv"], [p for p in parts if p == "loadkv"]):
+            jobs = []
+            for k, (trace, peak) in enumerate(zip(traces, peaks, strict=True)):
+                extra = ["--sweep", "--startup-s", startup]
+                extra += ["--static-peak", peak] if peak else []
+                stem = Path(args.workdir) / f"{trace.stem}-{args.preset}-field-{startup}"
+                for part in phase:
+                    out = Path(f"{stem}-{part}.json")
+                    if part == "loadkv":
+                        budget = json.loads(Path(f"{stem}-load.json").read_text())["budget_gpus"]
+                        jobs.append(((k, startup), ("loadkv", trace, str(stem), extra, budget)))
+                    elif out.exists() or not args.existing:
+                        jobs.append(((k, startup), (trace, out, PARTS[part], extra)))
+            with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+                done = list(pool.map(lambda j: run_part(args, j[1]), jobs))
+            for (key, _), doc in zip(jobs, done, strict=True):
+                docs.setdefault(key, []).append(doc)
     rows: list[list[Any]] = []
     for (k, _), parts in docs.items():
         start, hours = slices[k]
@@ -201,6 +214,56 @@ def run(args: argparse.Namespace) -> list[list[Any]]:
     return rows
 
 
+def run_part(args: argparse.Namespace, job: tuple) -> dict[str, Any]:
+    if job[0] == "loadkv":
+        _, trace, stem, extra, budget = job
+        return low_kv(argparse.Namespace(**vars(args) | {"budget": budget}), trace, stem, extra)
+    return replay(args, *job)
+
+
+def judged(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """A law's swept points with its frontier and cheapest point at >= 99 % (as
+    `offline.sweep` judges them)."""
+    pts = [
+        Point(q["policy"], q["setting"], q["gpu_hours"], q["sla_requests"],
+              q["worst_5min_requests"], q["documented"])
+        for q in points
+    ]  # fmt: skip
+    best = cheapest_at(pts, TARGET)
+    return {
+        "points": points,
+        "frontier": [p.setting for p in frontier(pts)],
+        "cheapest_at_target": None if best is None else best.as_json(),
+    }
+
+
+def low_kv(args: argparse.Namespace, trace: Path, stem: str, extra: list[str]) -> dict:
+    """`load` at each of `LOAD_LOW_KV` (the budget and GPUs per replica the replay gives
+    a planner without a file: twice static-peak's GPUs, 4 per replica), as a part."""
+    gpus, per = int(args.budget), 4
+    points, pols = [], []
+    for up, down in LOAD_LOW_KV:
+        planner = Path(f"{stem}-loadkv-{up:g}.yaml")
+        planner.write_text(
+            f"max-gpu-budget: {gpus}\ndecode-engine-num-gpu: {per}\n"
+            f"prefill-engine-num-gpu: {per}\ndecode-kv-scale-up-threshold: {up}\n"
+            f"decode-kv-scale-down-threshold: {down}\n"
+        )
+        one = argparse.Namespace(**vars(args) | {"planner": str(planner)})
+        out = Path(f"{stem}-loadkv-{up:g}.json")
+        once = [a for a in extra if a != "--sweep"] + ["--ttft", "500", "--itl", "50"]
+        doc = replay(one, trace, out, "load", once)
+        (p,) = doc["policies"]
+        points.append({
+            "policy": "load", "setting": f"kv {up:g}/{down:g}", "gpu_hours": p["gpu_hours"],
+            "sla_requests": p["sla_requests"], "worst_5min_requests": p["worst_5min_requests"],
+            "documented": False,
+        })  # fmt: skip
+        pols = pols or [p]
+    law = {"points": points, "frontier": [], "cheapest_at_target": None}
+    return {"startup_s": doc["startup_s"], "policies": [], "sweep": [{"policies": {"load": law}}]}
+
+
 def merge_parts(
     docs: list[dict[str, Any]], others: Sequence[dict[str, Any]] = ()
 ) -> dict[str, Any]:
@@ -208,9 +271,11 @@ def merge_parts(
     part's refusals. A comparison whose parts left static-peak out takes it from
     `others` (the same slice at another delay: a static pool does not depend on it)."""
     first = docs[0]
-    sweep = first["sweep"][0] | {
-        "policies": {k: v for d in docs for k, v in d["sweep"][0]["policies"].items()}
-    }
+    laws: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        for name, law in d["sweep"][0]["policies"].items():
+            laws.setdefault(name, []).extend(law["points"])
+    sweep = first["sweep"][0] | {"policies": {k: judged(v) for k, v in laws.items()}}
     pols = [p for d in docs for p in d["policies"]]
     if not any(p["name"] == "static-peak" for p in pols):
         pols = [next(p for p in others if p["name"] == "static-peak"), *pols]
@@ -230,7 +295,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--existing", action="store_true", help="only the parts already replayed")
     ap.add_argument(
-        "--parts", default=",".join(PARTS),
+        "--parts", default=",".join([*PARTS, "loadkv"]),
         help="which parts of each comparison to replay (the first holds static-peak)",
     )  # fmt: skip
     ap.add_argument("--servegen", type=Path, default=SERVEGEN)
@@ -243,6 +308,7 @@ def main() -> int:
         help="recompute the epp rows from the results files, without replaying",
     )  # fmt: skip
     ap.add_argument("--notes", default="", help="markdown before the summary (or @FILE)")
+    ap.add_argument("--load", default="", help="the machine's load when the replays ran")
     args = ap.parse_args()
     args.planner = None
     heldout = json.loads(args.epp.read_text())
@@ -268,7 +334,7 @@ def main() -> int:
     )
     result = Result.measured(
         args.suite, "The field's frontiers on held-out ServeGen days", command, COLUMNS, rows,
-        notes, load=load_span(before, os.getloadavg()),
+        notes, load=args.load or load_span(before, os.getloadavg()),
     )  # fmt: skip
     print(f"wrote {result.write()}")
     print("\n".join(lines))

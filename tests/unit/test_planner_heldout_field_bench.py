@@ -36,7 +36,7 @@ def comparison() -> dict:
         point("keda-queue", "target 1", 90, 0.97),
         point("keda-queue", "target 0.5", 120, 0.995),
     ]
-    llmd = [point("llm-d-slo", "band 0.55/0.4", 180, 0.998, True),
+    llmd = [point("llm-d-slo", "band 0.55/0.4", 180, 0.990, True),
             point("llm-d-slo", "band 0.7/0.55", 90, 0.991)]  # fmt: skip
     load = [point("load", "profiler", 50, 0.7, True), point("load", "kv 0.3/0.1", 70, 0.9)]
     return {
