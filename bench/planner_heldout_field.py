@@ -8,7 +8,7 @@ the field's laws at the set-up their documentation prescribes (`laws/catalog.py`
 `load` at `epp profile`'s recommended thresholds), plus each law's main knob swept:
 `keda-queue` its per-replica target (5 down to 0.5), `llm-d-slo` its band (the guide's
 0.55/0.40, tighter and looser; min 3 replicas, max the planner's budget), `load` its KV
-band around the profiler's. `dynamo` is refused on an aggregated pool, as upstream's
+band around the profiler's and below its floor (`LOAD_LOW_KV`). `dynamo` is refused on an aggregated pool, as upstream's
 aggregated planner refuses SLA scaling. Writes docs/data/results/<suite>.json: per law
 its frontier and cheapest point keeping >= 99 % of requests within both SLAs, and
 `epp`'s GPU-hours as a ratio to the cheapest of those, `epp` taken from the held-out
@@ -43,8 +43,8 @@ from epp.planner.offline.sweep import Point, cheapest_at, frontier  # noqa: E402
 PARTS = {"keda": "static-peak,keda-queue,dynamo", "llmd": "llm-d-slo", "load": "load"}
 # `load` below the profiler's KV floor (its formula never goes under 0.1): on short
 # requests the KV use stays under it and the law never leaves min-endpoint. Each band
-# is one replay of `load` with a planner file (up, down; the profiler's prefill queue
-# thresholds, which an aggregated pool does not read), added to load's swept points.
+# is one replay of `load` with a planner file (up, down; the prefill queue thresholds
+# left at their defaults: an aggregated pool does not read them), added to its points.
 LOAD_LOW_KV = ((0.1, 0.05), (0.05, 0.02), (0.02, 0.01))
 COLUMNS = [
     "trace", "startup_s", "policy", "setting", "gpu_hours", "vs_static_peak",
@@ -238,10 +238,11 @@ def judged(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def low_kv(args: argparse.Namespace, trace: Path, stem: str, extra: list[str]) -> dict:
-    """`load` at each of `LOAD_LOW_KV` (the budget and GPUs per replica the replay gives
-    a planner without a file: twice static-peak's GPUs, 4 per replica), as a part."""
+    """`load` at each of `LOAD_LOW_KV`, as a part: the budget (`args.budget`, what the
+    load part's replay set) and GPUs per replica a replay without a planner file gives,
+    the product SLA given as the file would otherwise set it."""
     gpus, per = int(args.budget), 4
-    points, pols = [], []
+    points = []
     for up, down in LOAD_LOW_KV:
         planner = Path(f"{stem}-loadkv-{up:g}.yaml")
         planner.write_text(
@@ -259,7 +260,6 @@ def low_kv(args: argparse.Namespace, trace: Path, stem: str, extra: list[str]) -
             "sla_requests": p["sla_requests"], "worst_5min_requests": p["worst_5min_requests"],
             "documented": False,
         })  # fmt: skip
-        pols = pols or [p]
     law = {"points": points, "frontier": [], "cheapest_at_target": None}
     return {"startup_s": doc["startup_s"], "policies": [], "sweep": [{"policies": {"load": law}}]}
 
