@@ -8,8 +8,9 @@ the field's laws at the set-up their documentation prescribes (`laws/catalog.py`
 `load` at `epp profile`'s recommended thresholds), plus each law's main knob swept:
 `keda-queue` its per-replica target (5 down to 0.5), `llm-d-slo` its band (the guide's
 0.55/0.40, tighter and looser; min 3 replicas, max the planner's budget), `load` its KV
-band around the profiler's and below its floor (`LOAD_LOW_KV`). `dynamo` is refused on an aggregated pool, as upstream's
-aggregated planner refuses SLA scaling. Writes docs/data/results/<suite>.json: per law
+band around the profiler's and below its floor (`LOAD_LOW_KV`). `dynamo` is refused on
+an aggregated pool, as upstream's aggregated planner refuses SLA scaling. Writes
+docs/data/results/<suite>.json: per law
 its frontier and cheapest point keeping >= 99 % of requests within both SLAs, and
 `epp`'s GPU-hours as a ratio to the cheapest of those, `epp` taken from the held-out
 table (docs/data/results/planner_heldout.json).
