@@ -62,6 +62,7 @@ SUITES: dict[str, Suite] = {
         "planner_frontier", "the --json files of `epp plan replay --compare --sweep`"
     ),
     "planner-heldout": Suite("planner_heldout", checkout=f"{TRACES}/servegen"),
+    "planner-heldout-field": Suite("planner_heldout_field", checkout=f"{TRACES}/servegen"),
     "planner-replay": Suite("planner_replay", "a trace (--trace)"),
     "planner-step": Suite("planner_step", checkout=TRACES),
     "predictor-accuracy": Suite("predictor_accuracy"),

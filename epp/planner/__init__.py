@@ -10,7 +10,7 @@ The folder is the architecture; each room has one role:
   LOAD-v0; `faithful.py`: Dynamo SLA-v1 as is; `sla_mode.py` composing
   `sla_corrections.py` (the correction factors), `sla_sizing.py` (replicas against the
   profile) and `sla_damping.py` (window, reversal guard, rise headroom), with
-  `agg_ttft.py`, `agg_itl.py`, `attainment.py`: this project's SLA mode), the common wrapper
+  `attainment.py`: this project's SLA mode), the common wrapper
   (`planner.py`: `build_policy`), load forecasts (`predictors/`) and drain bookkeeping
   (`drain.py`).
 - `live/` I/O: the planner running beside a real pool. The thread inside `epp serve`

@@ -8,6 +8,7 @@ import pytest
 
 from epp.config.errors import ConfigError
 from epp.planner.core.config import describe_planner_file, load_planner_file
+from epp.planner.core.removed import REMOVED
 from epp.planner.core.types import Role
 
 
@@ -98,17 +99,11 @@ def test_null_budget_means_no_bound():
             "adjustment-interval: 5\nmetric-pulling-interval: 10",
             "metric-pulling-interval: 10.0 s is longer than the adjustment interval 5.0 s",
         ),
-        ("aggregated-ttft: maybe", "aggregated-ttft: must be a boolean, got 'maybe'"),
-        ("max-num-batched-tokens: 0", "max-num-batched-tokens: must be at least 1; got 0"),
-        ("request-target: 1", "request-target: must be at most 0.9999; got 1"),
         (
-            "request-target: 0.99",
-            "request-target: 0.99 needs the aggregated pool's models: set aggregated-ttft: true",
+            "aggregated-ttft: false",
+            "aggregated-ttft: removed: the step model of an aggregated replica's TTFT",
         ),
-        (
-            "request-target: 0.99\naggregated-ttft: true\npool: disaggregated",
-            "request-target: 0.99 needs the aggregated pool's models",
-        ),
+        ("request-target: 0.99", "request-target: removed: sizing on the model's share"),
         ("- a list", "the planner file must be a map of settings"),
         ("mode: [", "line 1"),
     ],
@@ -118,6 +113,18 @@ def test_errors_are_one_line_naming_file_and_key(text, message):
         load_planner_file(text, "p.yaml")
     text_of = str(e.value)
     assert text_of.startswith("p.yaml: ") and message in text_of and "\n" not in text_of
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED))
+def test_a_removed_key_fails_with_one_line_saying_so(key):
+    # whatever its value (even the old default), and among valid keys: the file was
+    # written for an option that no longer exists
+    with pytest.raises(ConfigError) as e:
+        load_planner_file(f"mode: sla\nmax-gpu-budget: 8\n{key}: 1\n", "p.yaml")
+    text = str(e.value)
+    assert text.startswith(f"p.yaml: {key}: removed") and "\n" not in text
+    assert "delete the key" in text
+    assert key not in [row[0] for row in describe_planner_file()]
 
 
 def test_describe_lists_every_key_once_with_a_doc():

@@ -52,7 +52,6 @@ def test_budget_cut_keeps_the_pool_balanced_and_reports_it():
         itl=10,
         no_correction=True,
         queue_aware_prefill=False,
-        distribution_aware_prefill=False,
         startup_time=0,
         forecast_quantile=0.5,
         max_gpu_budget=6,

@@ -456,3 +456,13 @@ def test_a_given_static_peak_is_replayed_once_not_searched(tmp_path, capsys):
     code, _, err = run_cli(capsys, "--trace", str(trace), "--compare", "--static-peak", "0")
     assert code == 2 and err.count("\n") == 1
     assert "--static-peak must be an integer >= 1, got 0" in err
+
+
+def test_a_planner_file_naming_a_removed_option_is_one_line_and_exit_2(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n')
+    planner = tmp_path / "p.yaml"
+    planner.write_text("mode: sla\nprefill-interference: true\n")
+    code, _, err = run_cli(capsys, "--trace", str(trace), "--planner", str(planner))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{planner}: prefill-interference: removed" in err and "delete the key" in err

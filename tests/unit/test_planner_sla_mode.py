@@ -16,7 +16,7 @@ import pytest
 from epp.planner.core.perf import Profile
 from epp.planner.core.planner import build_policy
 from epp.planner.core.types import Replicas, Role, RoleLoad, Stats
-from tests.planner_helpers import DECODE, PREFILL, agg, config, obs, pd, profile
+from tests.planner_helpers import DECODE, agg, config, obs, pd, profile
 
 P, D, A = Role.PREFILL, Role.DECODE, Role.AGGREGATED
 
@@ -31,7 +31,6 @@ PLAIN = {
     "no_correction": True,
     "sla_percentile": "mean",
     "queue_aware_prefill": False,
-    "distribution_aware_prefill": False,
     "startup_time": 0,
     "forecast_quantile": 0.5,
     "scale_down_window": 0,
@@ -63,16 +62,6 @@ def test_all_options_off_is_dynamos_formula():
     d = epp(convex()).step(60, obs(completions=750, isl=8000, replicas=pd(1, 1)))
     assert d.targets == {P: 3, D: 1}
     assert d.diagnostics["prefill_load"] == pytest.approx(3.0)
-
-
-def test_distribution_aware_prefill_sizes_the_tail():
-    # sampled prompts 4000, 4000, 16000: mean 8000, but mean t = (100 + 100 + 640)/3 = 280 ms
-    # (t(mean) = 240 ms). 12.5 req/s × 0.28 s = 3.5 -> 4 replicas, against 3 on t(mean).
-    seen = obs(completions=750, isl=8000, isl_samples=(4000, 4000, 16000), replicas=pd(1, 1))
-    on = epp(convex(), distribution_aware_prefill=True).step(60, seen)
-    off = epp(convex(), distribution_aware_prefill=False).step(60, seen)
-    assert on.diagnostics["prefill_service_ms"] == pytest.approx(280.0)
-    assert (on.targets[P], off.targets[P]) == (4, 3)
 
 
 def test_queue_aware_prefill_adds_replicas_for_waiting():
@@ -361,187 +350,6 @@ def test_rise_headroom_is_at_most_the_forecast_again():
     d = pol.step(120, obs(120, completions=1200, osl=600, replicas=agg(1)))
     assert d.diagnostics["rise_headroom_requests"] == pytest.approx(1200.0)
     assert d.predicted.requests == pytest.approx(2400.0) and d.targets == {A: 6}
-
-
-@functools.cache
-def rising() -> Profile:
-    """The helpers' prefill (TTFT = ISL/40 000 s: 25 ms at 1000) and decode ITL (5 + 20·KV
-    ms), but the throughput rising with the load: 40 000·KV tok/s per GPU, so a tighter ITL
-    target reads a lower throughput. On the 100-column grid column ix is KV ix/99."""
-    decode = DECODE | {"z_thpt_per_gpu": [40_000.0 * kv for kv in DECODE["x_kv_usage"]]}
-    return Profile.from_arrays(PREFILL, decode, "rising")
-
-
-def test_prefill_interference_sizes_decode_at_the_itl_the_prompts_leave():
-    # 20 req/s, ISL 1000, OSL 600, ITL goal 10 ms. Prefill: 25 ms a prompt -> a = 0.5.
-    # Off: the best cell within 10 ms is ix 24 (5 + 20·24/99 = 9.85 ms), 40 000·24/99 =
-    # 9 697 tok/s -> D = 12 000 / 9 697 = 1.24; N = ceil(0.5 + 1.24) = 2.
-    # On: a prompt adds 25 - 5 (the no-load step) = 20 ms to its step: 0.4 replicas of
-    # prompt work. N = 2: rho = 0.2, goal 8 ms -> ix 14, 5 657 tok/s -> D = 2.12,
-    # 0.5 + 2.12 > 2. N = 3: rho = 0.133, goal 8.67 ms -> ix 18, 7 273 tok/s -> D = 1.65,
-    # 0.5 + 1.65 <= 3 -> 3.
-    seen = obs(completions=1200, isl=1000, osl=600, replicas=agg(1))
-    off = epp(rising(), pool="aggregated").step(60, seen)
-    on = epp(rising(), pool="aggregated", prefill_interference=True).step(60, seen)
-    assert off.targets == {A: 2} and on.targets == {A: 3}
-    assert off.diagnostics["decode_load"] == pytest.approx(12_000 / (40_000 * 24 / 99), rel=1e-3)
-    assert on.diagnostics["prefill_itl_share"] == pytest.approx(0.4 / 3)
-    d_on = 12_000 / (40_000 * 18 / 99)
-    assert on.diagnostics["decode_load"] == pytest.approx(d_on, rel=1e-3)
-
-
-def test_prefill_interference_is_off_in_a_disaggregated_pool():
-    seen = obs(completions=1200, isl=1000, osl=600, replicas=pd(1, 1))
-    on = epp(rising(), prefill_interference=True).step(60, seen)
-    off = epp(rising()).step(60, seen)
-    assert on.targets == off.targets and "prefill_itl_share" not in on.diagnostics
-
-
-def test_prefill_interference_correction_compares_with_the_stretched_itl():
-    # One replica running 10 requests (expected ITL 11.06 ms, aggregated_itl_obs), 300
-    # requests a minute of ISL 3000: 5 req/s x (75 - 5) ms = 0.35 of its time in prompts,
-    # so the model expects 11.06 / 0.65 = 17.02 ms. Observed exactly that: on, the factor
-    # stays 1; off, it learns half of 1/0.65: 0.5 + 0.5 x 1.538 = 1.269.
-    values = [EXPECTED_ITL / 0.65] * 300
-
-    def factor(on: bool) -> float:
-        pol = epp(pool="aggregated", no_correction=False, prefill_interference=on)
-        d = pol.step(60, aggregated_itl_obs(values))
-        return d.diagnostics["d_correction"], d.diagnostics.get("observed_prefill_share")
-
-    assert factor(True) == (pytest.approx(1.0, rel=1e-3), pytest.approx(0.35))
-    assert factor(False) == (pytest.approx(0.5 + 0.5 / 0.65, rel=1e-3), None)
-
-
-def test_prefill_interference_learns_nothing_from_a_few_stragglers():
-    # ten requests at twice the model's ITL, finishing in an interval with no arrivals (a
-    # burst's tail): on, fewer than 20 completions leave the factor at 1; off, it learns
-    # half of the ratio 2 (p90): 1.5
-    stragglers = aggregated_itl_obs([2 * EXPECTED_ITL] * 10)
-    on = epp(pool="aggregated", no_correction=False, prefill_interference=True)
-    off = epp(pool="aggregated", no_correction=False)
-    on.step(60, stragglers)
-    off.step(60, stragglers)
-    assert on.mode.d_correction == 1.0 and off.mode.d_correction == pytest.approx(1.5, rel=1e-3)
-
-
-def test_prefill_interference_keeps_the_corrected_target_while_more_replicas_reach_it():
-    # 10 req/s of ISL 4000 (100 ms: a = 1.0; a prompt adds 100 - 5 = 95 ms: 0.95 replicas
-    # of prompt work), OSL 60 (600 tok/s), ITL goal 10 ms, factor 10/6: target 6 ms
-    # without prompts (ix 4, reachable). The search starts at ceil(1 + 600/1 616) = 2.
-    # N = 3: rho = 0.317, target 4.1 ms, below every cell; falling back to the bare goal x
-    # share (6.83 ms, ix 9) would take N = 3. Kept: N = 7, 5.19 ms, only the KV-0 cell (no
-    # output); N = 8: rho = 0.119, 5.29 ms -> ix 1, 404 tok/s -> D = 1.485, 1 + 1.485 <= 8.
-    seen = obs(completions=600, isl=4000, osl=60, replicas=agg(1))
-    on = epp(rising(), pool="aggregated", prefill_interference=True)
-    on.mode.d_correction = 10 / 6  # no_correction (PLAIN): the factor stays as set
-    d = on.step(60, seen)
-    assert d.targets == {A: 8}
-    assert d.diagnostics["decode_load"] == pytest.approx(600 / (40_000 / 99), rel=1e-3)
-    assert d.diagnostics["prefill_itl_share"] == pytest.approx(0.95 / 8)
-
-
-def step_ttft_obs(ttft_values, osl_samples=()):
-    """One aggregated replica running 10 requests, 120 prompts in the minute (2/s) of
-    1000 and 3000 tokens (mean 2000), answers of 150."""
-    base = obs(
-        completions=len(ttft_values),
-        arrivals=120,
-        isl=2000,
-        isl_samples=(1000, 3000),
-        replicas=agg(1),
-        roles={A: RoleLoad(samples=60, kv_mean=0.3, running_mean=10.0)},
-    )
-    return dataclasses.replace(base, ttft_ms=Stats.of(ttft_values), osl_samples=tuple(osl_samples))
-
-
-def test_aggregated_ttft_correction_compares_with_the_step_models_p90():
-    # the step model (agg_ttft, tested by hand there) at the interval's 2 prompts/s, its
-    # two lengths and its 10 decodes at context 2000 + 75: observed exactly its p90, the
-    # factor stays 1; twice it, the factor moves halfway to 2
-    from epp.planner.core.agg_ttft import aggregated_ttft
-
-    model = aggregated_ttft(profile(), 2.0, [1000, 3000], 150, 2075, decodes=10)
-    p90 = model.quantile(0.9)
-
-    def factor(seen: float) -> float:
-        pol = epp(
-            pool="aggregated", no_correction=False, sla_percentile="p90", aggregated_ttft=True
-        )
-        d = pol.step(60, step_ttft_obs([seen] * 30))
-        assert d.diagnostics["expected_ttft_ms"] == pytest.approx(p90, rel=1e-6)
-        return pol.mode.p_correction
-
-    assert factor(p90) == pytest.approx(1.0)
-    assert factor(2 * p90) == pytest.approx(1.5)
-
-
-def test_aggregated_ttft_is_off_by_default_and_off_changes_nothing():
-    cfg = config(**PLAIN)
-    assert not cfg.beyond.aggregated_ttft and cfg.beyond.request_target == 0
-    assert cfg.beyond.max_num_batched_tokens == 8192
-    seen = step_ttft_obs([400.0] * 30)
-    settings = {"pool": "aggregated", "no_correction": False, "sla_percentile": "p90"}
-    default, off = epp(**settings), epp(**settings, aggregated_ttft=False)
-    a, b = default.step(60, seen), off.step(60, seen)
-    assert (a.targets, a.diagnostics) == (b.targets, b.diagnostics)
-
-
-def test_aggregated_ttft_sizes_on_the_step_models_ttft():
-    # 40 prompts/s of 4000 tokens (100 ms batch-1, 95 ms of work a prompt: 3.8 replicas'
-    # worth), TTFT goal 300 ms at p90: the search (queue-aware) starts at the stability
-    # floor, 5, and takes the fewest N whose model p90 at 40/N prompts/s per replica is
-    # within 300 ms: 8 (N = 7: 333 ms; 5: 918 ms, the step's wait 347 ms). The queue
-    # rule without the option keeps 5.
-    settings = {"pool": "aggregated", "sla_percentile": "p90", "ttft": 300}
-    settings |= {"queue_aware_prefill": True}
-    pol = epp(**settings, aggregated_ttft=True)
-    seen = obs(completions=2400, isl=4000, osl=50, isl_samples=(4000,), replicas=agg(1))
-    n = pol.step(60, seen).targets[A]
-    mode = pol.mode
-    p90 = [mode._model_stat(mode._step_model(40.0 / k, 4000, 50)) for k in (n - 1, n)]
-    assert p90[0] > 300 >= p90[1] and n == 8
-    assert epp(**settings).step(60, seen).targets[A] == 5
-
-
-def test_request_target_sizes_for_the_share_of_requests_within_both():
-    # the fewest N whose predicted share (TTFT and ITL within the goals) reaches the
-    # target: N - 1 falls short; a higher target takes more replicas
-    seen = dataclasses.replace(
-        obs(completions=1200, isl=3000, osl=100, isl_samples=(1000, 3000, 5000), replicas=agg(1)),
-        osl_samples=(2, 10, 50, 100, 300),
-    )
-
-    def sized(target: float):
-        pol = epp(
-            rising(),
-            pool="aggregated",
-            queue_aware_prefill=True,
-            sla_percentile="p90",
-            itl=12,
-            aggregated_ttft=True,
-            prefill_interference=True,
-            request_target=target,
-        )
-        d = pol.step(60, seen)
-        return d.targets[A], d.diagnostics["request_share"], pol.mode
-
-    n, got, mode = sized(0.99)
-    assert got >= 0.99
-    assert mode._request_share(20.0 / (n - 1), 3000, 100) < 0.99
-    assert n > sized(0.9)[0] > sized(0.5)[0]
-
-
-def test_request_target_below_what_no_load_allows_aims_just_under_it():
-    # prompts of 16 000 tokens (400 ms) against a 300 ms TTFT goal: no count meets 99 %;
-    # the search stops near the no-load share instead of sizing the budget
-    pol = epp(
-        pool="aggregated", queue_aware_prefill=True, sla_percentile="p90", ttft=300,
-        aggregated_ttft=True, request_target=0.99,
-    )  # fmt: skip
-    seen = obs(completions=600, isl=16_000, osl=50, isl_samples=(1000, 16_000), replicas=agg(1))
-    d = pol.step(60, seen)
-    assert d.diagnostics["request_share"] < 0.99 and d.targets[A] < 50
 
 
 def _with_requests(o, ttfts, itls):

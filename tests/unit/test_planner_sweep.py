@@ -118,3 +118,30 @@ def test_sweep_without_compare_is_one_line_and_exit_2(tmp_path, capsys):
     code = main(["plan", "replay", "--trace", str(trace), "--sweep", "--preset", "tiny"])
     assert code == 2
     assert "--sweep sweeps the laws of a comparison" in capsys.readouterr().err
+
+
+def test_the_pareto_plot_draws_each_swept_laws_frontier():
+    # keda-queue: (4, 90 %) is beaten by (3, 95 %), so its frontier is the other two
+    # points; llm-d-slo has one point, drawn as a dot with no line
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from epp.planner.plots import _draw_frontiers
+
+    pts = [
+        Point("keda-queue", "target 5", 4.0, 0.90, 0.5, documented=True),
+        Point("keda-queue", "target 1", 3.0, 0.95, 0.8),
+        Point("keda-queue", "target 0.5", 6.0, 0.995, 0.97),
+        Point("llm-d-slo", "band 0.55/0.4", 8.0, 0.999, 0.99, documented=True),
+    ]
+    fig, ax = plt.subplots()
+    names = ["static-peak"]
+    _draw_frontiers(ax, pts, names)
+    lines = [(list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines]
+    assert ([3.0, 6.0], [95.0, 99.5]) in lines  # keda-queue's frontier
+    assert ([0, 1], [99.0, 99.0]) in lines  # the 99 % bar
+    assert len(lines) == 2 and names == ["static-peak", "keda-queue", "llm-d-slo"]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 4  # every point a dot
+    plt.close(fig)

@@ -36,6 +36,7 @@ from epp.config.errors import ConfigError
 from epp.config.params import describe, fields_by_yaml_name, param, parse_params
 from epp.planner.core.budget import min_gpus_needed
 from epp.planner.core.predictors import PredictorParams
+from epp.planner.core.removed import check_removed
 from epp.planner.core.types import Role
 
 MODES = ("load", "sla", "dynamo")
@@ -175,13 +176,6 @@ class BeyondParams:
         doc="squared coefficient of variation of inter-arrival times in the queue model "
         "(1 = Poisson; larger for burstier traffic within an interval)",
     )
-    distribution_aware_prefill: bool = param(
-        False,
-        doc="prefill work = sum of t_prefill(uncached ISL) over sampled prompts, not "
-        "t(mean ISL) (TTFT is convex in ISL: the mean under-sizes heavy tails). Off by "
-        "default: in the replays it sized smaller pools that missed the SLA more often "
-        "(docs/BENCHMARKS.md 'Planner: option ablation')",
-    )
     cache_aware_prefill: bool = param(
         True,
         doc="size prefill on the prompt tokens not served from the prefix cache (usage "
@@ -258,40 +252,6 @@ class BeyondParams:
         min=0.5,
         max=0.99,
         doc="provision to this upper quantile of the forecast (0.5: the point forecast)",
-    )
-    prefill_interference: bool = param(
-        False,
-        doc="aggregated pools: size decode for the ITL the prefills sharing each replica's "
-        "steps add (chunked prefill mixes prompt tokens into decode steps): at N replicas "
-        "each step stretches by 1/(1 - rho), rho = rate x the profile's marginal prefill "
-        "time per prompt / N, so decode is sized at ITL goal x (1 - rho); off: the decode "
-        "profile alone (decode without prefills), as Dynamo",
-    )
-    aggregated_ttft: bool = param(
-        False,
-        doc="aggregated pools: model a prompt's TTFT as a vLLM replica serves it (it waits "
-        "for the step in flight, rides in the next step with the decodes and the prompts "
-        "batched with it, takes ceil(uncached tokens / max-num-batched-tokens) steps), over "
-        "the interval's sampled prompt lengths, from the profile alone "
-        "(epp/planner/core/agg_ttft.py); off: batch-1 TTFT stretched by the decode share in an "
-        "M/G/c queue",
-    )
-    max_num_batched_tokens: int = param(
-        8192,
-        min=1,
-        doc="with aggregated-ttft: the engine's token budget per step (vLLM's "
-        "--max-num-batched-tokens; 8192 is its OpenAI-server default on H100-class GPUs): "
-        "a longer prompt is prefilled in chunks of this many tokens, one step each",
-    )
-    request_target: float = param(
-        0.0,
-        min=0.0,
-        max=0.9999,
-        doc="with aggregated-ttft (aggregated pools): size to the fewest replicas whose "
-        "model predicts at least this share of requests within both SLAs (each request's "
-        "TTFT from the step model, its ITL from the prompts batched into its own steps, "
-        "epp/planner/core/agg_itl.py), instead of the SLA percentile of each; the corrections "
-        "then compare the observed percentile with the model's distribution; 0: off",
     )
     freeze_correction_on_startup: bool = param(
         True,
@@ -452,13 +412,6 @@ class PlannerConfig:
         return (Role.PREFILL, Role.DECODE)
 
     def validate(self) -> None:
-        x = self.beyond
-        if x.request_target > 0 and not (x.aggregated_ttft and self.planner.pool == "aggregated"):
-            raise ConfigError(
-                "request-target",
-                f"{x.request_target} needs the aggregated pool's models: set "
-                "aggregated-ttft: true (and pool: aggregated), or request-target: 0",
-            )
         b = self.budget
         floors = min_gpus_needed(self.roles, b.gpus_per_replica(), b.min_endpoint)
         if b.max_gpu_budget is not None and floors > b.max_gpu_budget:
@@ -519,26 +472,16 @@ def check_live(cfg: PlannerConfig) -> None:
             ) from None
 
 
-# keys an earlier version read, removed because no trace of the training set chose them
-# (docs/planner.md "Which data each default was chosen on"): a file that still sets one
-# gets this line instead of a "did you mean"
-REMOVED = {
-    "sla-margin": "removed: attainment-target sizes for the share of requests within the "
-    "SLA, which a margin on the percentile only approximated; delete the key",
-}
-
-
 def parse_planner_config(raw: Any) -> PlannerConfig:
     """Split a flat map among the groups; unknown keys are an error."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError("", f"the planner file must be a map of settings, got {raw!r}")
+    check_removed(raw)
     known = {cls: fields_by_yaml_name(cls, "kebab") for cls in GROUPS}
     everything = [k for names in known.values() for k in names]
     for key in raw:
-        if str(key) in REMOVED:
-            raise ConfigError(str(key), REMOVED[str(key)])
         if not any(str(key) in names for names in known.values()):
             close = difflib.get_close_matches(str(key), everything, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""

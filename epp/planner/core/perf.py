@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,11 +122,6 @@ class PrefillPerf:
     def thpt_per_gpu(self, isl: float) -> float:
         """Prefill tokens/s per GPU at this ISL."""
         return self._at(self._thpt, self.thpt, isl)
-
-    def ttft_many(self, isl: Sequence[float]) -> np.ndarray:
-        """`ttft` over many prompt lengths at once (the distribution-aware sizing)."""
-        x = np.clip(np.asarray(isl, dtype=float), self.isl[0], self.isl[-1])
-        return np.clip(self._ttft(x), self.ttft_ms.min(), self.ttft_ms.max())
 
     @property
     def max_isl(self) -> float:

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from epp.planner.core import agg_itl
 from epp.planner.core.config import PlannerConfig
 from epp.planner.core.types import Observation, Role, Stats
 
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 
 CORRECTION_RANGE = (1 / 3, 3.0)
 CORRECTION_WEIGHT = 0.5  # share of a new measurement in the smoothed factor
-MIN_INTERFERENCE_SAMPLES = 20  # completions an interval needs to teach the ITL factor then
 
 
 @dataclass
@@ -75,69 +73,22 @@ class Corrections:
         ctx = obs.isl.mean + obs.osl.mean / 2
         ttft_obs = self.stat(obs.ttft_ms)
         itl_obs = self.stat(obs.itl_ms)
-        # decode first: the aggregated TTFT model needs the decode share
-        # with the interference model, a handful of stragglers (a burst's tail finishing in
-        # a quiet interval) saw the prompts of earlier intervals, not this one's rate
-        stragglers = s.interference and obs.completions < MIN_INTERFERENCE_SAMPLES
-        stragglers = stragglers or (s.requests and obs.completions < MIN_INTERFERENCE_SAMPLES)
-        if s.requests and ready_d > 0 and not math.isnan(itl_obs) and not stragglers:
-            self.correct_itl_per_request(obs, lam / ready_d, itl_obs, diag)
-        elif ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx) and not stragglers:
+        if ready_d > 0 and not math.isnan(itl_obs) and not math.isnan(ctx):
             running = obs.role(s.decode).running_mean
             if math.isnan(running):  # Little's law, as Dynamo
                 running = obs.completions / obs.length_s * obs.duration_s.mean
             expected = s.profile.decode.itl(running / ready_d, ctx)
-            # the prompts the measured requests shared steps with: at least the rate they
-            # completed at (a burst's tail completes in an interval with no arrivals)
-            seen = max(obs.arrivals, obs.completions) / max(obs.length_s, 1e-9)
-            share = s.decode_share(seen, obs.isl.mean, obs.osl.mean, ready_d)
-            if share < 1.0:
-                expected /= share
-                diag["observed_prefill_share"] = 1.0 - share
             self.factors.d = self.learn(self.factors.d, itl_obs / expected)
             diag["expected_itl_ms"] = expected
-        if ready_p > 0 and not math.isnan(ttft_obs) and s.step_ttft:
-            running = obs.role(s.decode).running_mean
-            decodes = None if math.isnan(running) else running / ready_p
-            model = s.step_model(lam / ready_p, obs.isl.mean, obs.osl.mean, decodes)
-            expected = s.model_stat(model)
-            if math.isfinite(expected) and expected > 0:
-                self.factors.p = self.learn(self.factors.p, ttft_obs / expected)
-                diag["expected_ttft_ms"] = expected
-                diag["ttft_wait_ms"] = model.regime.wait_ms
-        elif ready_p > 0 and not math.isnan(ttft_obs):
+        if ready_p > 0 and not math.isnan(ttft_obs):
             samples = s.service_samples(obs.isl.mean, correction=1.0)
             decode_load = 0.0
             if s.agg:
-                share = s.decode_share(lam, obs.isl.mean, obs.osl.mean, ready_p)
-                found = s.decode_load(lam, obs.isl.mean, obs.osl.mean, self.factors.d, share)
-                decode_load = found[0]
+                decode_load = s.decode_load(lam, obs.isl.mean, obs.osl.mean, self.factors.d)[0]
             expected = s.ttft_ms(ready_p, lam, samples, decode_load)
             if math.isfinite(expected) and expected > 0:
                 self.factors.p = self.learn(self.factors.p, ttft_obs / expected)
                 diag["expected_ttft_ms"] = expected
-
-    def correct_itl_per_request(
-        self, obs: Observation, rate: float, itl_obs: float, diag: dict[str, float]
-    ) -> None:
-        """`request-target`: the ITL factor compares the observed statistic with the
-        per-request model's (`agg_itl`) at the interval's rate, decodes and answers."""
-        s = self.sizing
-        running = obs.role(s.decode).running_mean
-        ready = obs.replicas_of(s.decode).ready
-        decodes = None if math.isnan(running) else running / ready
-        model = s.step_model(rate, obs.isl.mean, obs.osl.mean, decodes)
-        reg = model.regime
-        if not reg.stable or not obs.osl_samples:
-            return
-        if s.q is None:
-            expected = reg.mean_step_ms
-        else:
-            steps = agg_itl.DecodeSteps(reg.itl_ms, reg.rho, rate, model.works_ms)
-            expected = agg_itl.quantile(steps, s.q, obs.osl_samples)
-        if math.isfinite(expected) and expected > 0:
-            self.factors.d = self.learn(self.factors.d, itl_obs / expected)
-            diag["expected_itl_ms"] = expected
 
     def learn(self, old: float, measured: float) -> float:
         """The smoothed factor (half old, half new), both ways: taking a rise at once

@@ -17,8 +17,7 @@ Per interval (items 1, 2 and 4 here; the rest in the module that implements them
    start-up, so the forecast covers h = ceil(startup / interval) + 1 intervals and
    takes the largest of them, at the `forecast-quantile` upper bound
    (`predict_upper`), not the point forecast.
-5-7. **Prefill, decode and aggregated sizing**, 11-12 the **request target** and the
-   **aggregated replica's TTFT**: `sla_sizing.py`.
+5-7. **Prefill, decode and aggregated sizing**: `sla_sizing.py`.
 8-10. **Hysteresis, the reversal guard and meeting rises**: `sla_damping.py`.
 """
 
@@ -27,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from epp.planner.core.agg_ttft import AggregatedTtft
 from epp.planner.core.attainment import AttainmentControl, Tally
 from epp.planner.core.config import PlannerConfig
 from epp.planner.core.mode import Proposal, current
@@ -172,18 +170,6 @@ class SlaMode:
             osl=osl if osl > 0 else _nan_to(self.sizing.last_osl, 0.0),
             horizon_s=self._interval * self.horizon,
         )
-
-    # the sizing's models, as the tests probe them
-    def _step_model(
-        self, rate: float, isl: float, osl: float, decodes: float | None = None
-    ) -> AggregatedTtft:
-        return self.sizing.step_model(rate, isl, osl, decodes)
-
-    def _model_stat(self, model: AggregatedTtft) -> float:
-        return self.sizing.model_stat(model)
-
-    def _request_share(self, rate: float, isl: float, osl: float) -> float:
-        return self.sizing.request_share(rate, isl, osl)
 
 
 def _nan_to(x: float, default: float) -> float:

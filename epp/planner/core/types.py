@@ -116,17 +116,15 @@ class Observation:
     Request statistics cover the requests that *completed* in the interval (their
     output length is known); `arrivals` counts requests *admitted* in it, the demand
     Dynamo's completion counter hides under backpressure (its #11693). `isl_samples`
-    is a bounded sample of admitted requests' prompt lengths for distribution-aware
-    sizing; `cached_tokens` is per completed request (prompt tokens served from cache).
+    is a bounded sample of admitted requests' prompt lengths (the forecast's ISL is
+    their mean); `cached_tokens` is per completed request (prompt tokens served from cache).
     `ttft_ms_samples` / `itl_ms_samples` are the completed requests' own values (the
     ones `ttft_ms` / `itl_ms` summarise), so a law whose percentile spans several
     intervals (llm-d's p90 over a 1-minute window, read every 15 s) can pool them.
     `itl_ms_by_request` is aligned with `ttft_ms_samples` (NaN for a one-token answer,
     which has no ITL), so a policy can count the requests that met *both* SLAs: the
     share the SLA promises per request (`attainment.py`), which no percentile of either
-    quantity alone gives. `osl_samples` (aligned with them too) are the completed
-    requests' output lengths: a request's ITL depends on how many steps it averages
-    over (`agg_itl.py`).
+    quantity alone gives.
     """
 
     start: float
@@ -144,7 +142,6 @@ class Observation:
     ttft_ms_samples: tuple[float, ...] = ()
     itl_ms_samples: tuple[float, ...] = ()
     itl_ms_by_request: tuple[float, ...] = ()
-    osl_samples: tuple[int, ...] = ()
     roles: Mapping[Role, RoleLoad] = field(default_factory=dict)
     replicas: Mapping[Role, Replicas] = field(default_factory=dict)
     endpoints: tuple[EndpointLoad, ...] = ()

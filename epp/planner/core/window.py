@@ -95,7 +95,6 @@ class IntervalWindow:
             ttft_ms_samples=tuple(self._ttft),
             itl_ms_samples=tuple(self._itl),
             itl_ms_by_request=tuple(self._itl_by_request),
-            osl_samples=tuple(int(x) for x in self._osl),
             roles={role: _role_load(samples) for role, samples in self._samples.items()},
             replicas=dict(replicas),
             endpoints=tuple(endpoints),

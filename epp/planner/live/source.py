@@ -21,8 +21,8 @@ increase(<m>_count[Is])` over the adjustment interval `I`, and `increase(request
 The pool load of the load-based rules (Dynamo's planner) comes from the per-role pool gauges
 (`inference_pool_role_*{name=<pool>}`), one instant query each per
 `metric-pulling-interval`; several EPPs exporting the same pool give one series each,
-folded with `max by (role)`. Not available from Prometheus: the ISL sample of
-distribution-aware prefill (left empty) and per-endpoint in-flight work (drain victims
+folded with `max by (role)`. Not available from Prometheus: the ISL sample (left
+empty: the forecast takes the interval's mean ISL) and per-endpoint in-flight work (drain victims
 are the connector's choice, as with the virtual and Kubernetes connectors).
 
 I/O (HTTP to Prometheus, blocking): called on the planner thread only.
