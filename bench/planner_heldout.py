@@ -227,6 +227,7 @@ def main() -> int:
         f"--preset {args.preset} --startups {args.startups} --policies {args.policies}"
         + (" --sweep" if args.sweep else "")
         + (f" --reuse {args.reuse}" if args.reuse else "")
+        + (" --append" if args.append else "")
     )
     if args.append and (old := RESULTS / f"{args.suite}.json").exists():
         rows, command, notes = appended(json.loads(old.read_text()), rows, command, notes)
