@@ -16,6 +16,10 @@ docs/data/results/<suite>.json through `bench/planner_frontier.py`'s rows and ch
 traces (they do not depend on `epp`'s settings) and replays `epp` alone, with
 static-peak once at TAG's size beside it as a check.
 
+`--append` keeps the suite's existing rows, command and notes and adds this run's
+(a row of the same trace, start-up and policy is replaced): slices whose peaks differ
+are run each at its own `--scale` and recorded in one file.
+
 Days 7-13 (`--start-hour` 168 and later) are the held-out set of docs/planner.md; days
 0-6 the training set. The scale is what this machine can replay: docs/planner.md says
 how far it is from the ~10 and ~40 replica pools and what those would cost.
@@ -34,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.planner_frontier import COLUMNS, rows_of  # noqa: E402
-from bench.results import Result, load_span  # noqa: E402
+from bench.results import RESULTS, Result, load_span  # noqa: E402
 
 SERVEGEN = ROOT.parent / "shared" / "traces" / "servegen" / "language-m-small"
 POLICIES = "static-peak,oracle,keda-queue,llm-d-slo,load,epp"
@@ -160,6 +164,21 @@ def merge(docs: list[dict]) -> dict:
     return docs[0] | {"startup_sweep": runs, "sweep": [s for d in docs for s in d.get("sweep", [])]}
 
 
+def appended(
+    old: dict, rows: list[list[object]], command: str, notes: str
+) -> tuple[list[list[object]], str, str]:
+    """`old`'s rows, command and notes followed by this run's: a row keyed as one of the
+    new ones (trace, start-up, policy) gives way to it, a command already there is not
+    repeated, and the notes are paragraphs one after the other."""
+    key = slice(0, 3)
+    new = {tuple(r[key]) for r in rows}
+    kept = [r for r in old["rows"] if tuple(r[key]) not in new]
+    commands = old["command"].split(" && ")
+    command = " && ".join(commands + ([command] if command not in commands else []))
+    notes = "\n\n".join(n for n in (old["notes"].strip(), notes.strip()) if n)
+    return kept + rows, command, notes
+
+
 def _ratio(x: float, of: float | None) -> float | None:
     return round(x / of, 4) if of else None
 
@@ -184,6 +203,11 @@ def main() -> int:
         help="read static-peak, the oracle and the laws from TAG's JSON of the same slices "
         "and replay epp alone (after a change to epp's settings)",
     )
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="add this run's rows, command and notes to the suite's existing file",
+    )
     ap.add_argument("--suite", default="planner_heldout")
     ap.add_argument("--title", default="The planner on held-out ServeGen days")
     ap.add_argument("--notes", default="", help="markdown before the target checks (or @FILE)")
@@ -203,7 +227,10 @@ def main() -> int:
         f"--preset {args.preset} --startups {args.startups} --policies {args.policies}"
         + (" --sweep" if args.sweep else "")
         + (f" --reuse {args.reuse}" if args.reuse else "")
+        + (" --append" if args.append else "")
     )
+    if args.append and (old := RESULTS / f"{args.suite}.json").exists():
+        rows, command, notes = appended(json.loads(old.read_text()), rows, command, notes)
     result = Result.measured(
         args.suite, args.title, command, COLUMNS, rows, notes,
         load=load_span(before, os.getloadavg()),

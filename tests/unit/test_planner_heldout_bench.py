@@ -4,7 +4,7 @@ document the results table is built from."""
 from __future__ import annotations
 
 from bench.planner_frontier import rows_of
-from bench.planner_heldout import merge
+from bench.planner_heldout import appended, merge
 
 
 def pol(name: str, gpu_hours: float, share: float = 0.995) -> dict:
@@ -31,3 +31,21 @@ def test_static_peak_and_the_oracle_fill_every_delay_and_the_ratios_follow_them(
     assert got[(100.0, "oracle")] == (50.0, 0.5, 1.0)
     assert got[(300.0, "static-peak")] == (100.0, 1.0, 2.0)
     assert "requests 98.90% (MISSED)" in checks[0] and "requests 99.50% (met)" in checks[1]
+
+
+def test_append_keeps_the_other_scales_rows_and_replaces_a_rerun_row():
+    # The file holds scale 0.015's rise; the run adds scale 0.075's rise and re-measures
+    # 0.015's epp row: that row is replaced in place of a duplicate, the rest kept, the
+    # commands joined once each, the notes one paragraph after the other.
+    old = {
+        "command": "python a --scale 0.015",
+        "notes": "Small pools.",
+        "rows": [["x0.015", 100.0, "static-peak", 1], ["x0.015", 100.0, "epp", 2]],
+    }
+    new = [["x0.015", 100.0, "epp", 3], ["x0.075", 100.0, "epp", 4]]
+    rows, command, notes = appended(old, new, "python a --scale 0.075", "Ten replicas.")
+    assert rows == [["x0.015", 100.0, "static-peak", 1], *new]
+    assert command == "python a --scale 0.015 && python a --scale 0.075"
+    assert notes == "Small pools.\n\nTen replicas."
+    again = appended({**old, "command": command}, new, "python a --scale 0.075", "")
+    assert again[1] == command and again[2] == "Small pools."
