@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.planner_frontier import FIELD, TARGET  # noqa: E402
-from bench.planner_heldout import SERVEGEN, epp, replay  # noqa: E402
+from bench.planner_heldout import SERVEGEN, replay, slice_trace  # noqa: E402
 from bench.results import RESULTS, Result, load_span  # noqa: E402
 from epp.planner.offline.sweep import Point, cheapest_at, frontier  # noqa: E402
 
@@ -157,22 +156,6 @@ def summary_lines(rows: list[list[Any]]) -> list[str]:
     return lines
 
 
-def generate(args: argparse.Namespace, start: int, hours: int) -> Path:
-    """The slice's trace, named as bench/planner_heldout.py names it (shared when the
-    two use one workdir)."""
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    trace = work / f"servegen-h{start}-{hours}h-x{args.scale:g}.jsonl"
-    if not trace.exists():
-        subprocess.run(
-            epp("plan", "servegen", str(args.servegen), "--start-hour", str(start),
-                "--hours", str(hours), "--scale", str(args.scale), "--seed", "0",
-                "-o", str(trace)),
-            check=True,
-        )  # fmt: skip
-    return trace
-
-
 def notes_with(text: str, rows: list[list[Any]]) -> str:
     """`text`, then the per-slice summary (what `--ratio-only` rewrites)."""
     return (text + "\n\n" if text else "") + SUMMARY + "\n" + "\n".join(summary_lines(rows))
@@ -187,7 +170,7 @@ def run(args: argparse.Namespace) -> list[list[Any]]:
     `--existing`: only the parts whose JSON a run left, none replayed."""
     slices = [tuple(int(x) for x in s.split(":")) for s in args.slices.split(",")]
     peaks = args.static_peak.split(",") if args.static_peak else [None] * len(slices)
-    traces = [generate(args, start, hours) for start, hours in slices]
+    traces = [slice_trace(args, start, hours) for start, hours in slices]
     docs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     parts = args.parts.split(",")
     for startup in args.startups.split(","):
