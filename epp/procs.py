@@ -21,7 +21,11 @@ from pathlib import Path
 POLL_S = 0.05
 
 
-_HANDED_OUT: set[int] = set()
+# The ports handed out lately: a child binds within seconds, so remembering the last few
+# thousand is enough, and a long-lived `epp serve --planner` that starts replicas for
+# months never runs out of ports to hand out.
+_RECENT_PORTS = 4096
+_HANDED_OUT: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
 _LOW_PORT = 10000
 
 
@@ -70,7 +74,10 @@ def free_port_range(n: int, host: str = "0.0.0.0") -> int:
         finally:
             for s in socks:
                 s.close()
-        _HANDED_OUT.update(ports)
+        for port in ports:
+            _HANDED_OUT[port] = None
+        while len(_HANDED_OUT) > _RECENT_PORTS:
+            del _HANDED_OUT[next(iter(_HANDED_OUT))]
         return base
     raise RuntimeError(
         f"no {n} consecutive free ports in {candidates.start}-{candidates.stop + n - 1}"
