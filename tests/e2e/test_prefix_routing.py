@@ -17,6 +17,7 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -99,14 +100,37 @@ def cached_tokens(r: Reply) -> int:
     return details.get("cached_tokens") or 0
 
 
+async def wait_idle(http: aiohttp.ClientSession, stack: LocalStack) -> None:
+    """Until the EPP counts no request in flight. Its completion accounting (the response
+    path) trails the client's last byte; on a loaded machine the next request of a
+    sequential run can be scheduled while the EPP still counts one or two earlier ones on
+    the group's server, and the affinity gate's live load then rightly lets a short
+    prompt go to an idle server (6 of 8 stuck in one CI run). Waiting for the count makes
+    the run what it means to be: one request at a time on an otherwise idle pool."""
+
+    async def idle() -> bool:
+        async with http.get(stack.epp_metrics_url + "/debug/endpoints") as r:
+            rows = await r.json()
+        return all(row["inflight_requests"] == 0 for row in rows)
+
+    await eventually(idle, "the EPP counting no request in flight", 15)
+
+
 async def run_groups(
-    http: aiohttp.ClientSession, url: str, tags: list[str], per_group: int
+    http: aiohttp.ClientSession,
+    url: str,
+    tags: list[str],
+    per_group: int,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> dict[str, list[Reply]]:
-    """`per_group` requests for every prefix group, interleaved, one at a time."""
+    """`per_group` requests for every prefix group, interleaved, one at a time (each after
+    `settle`, when given)."""
     prefixes = {tag: system_prompt(tag) for tag in tags}
     out: dict[str, list[Reply]] = {tag: [] for tag in tags}
     for i in range(per_group):
         for tag in tags:
+            if settle is not None:
+                await settle()
             out[tag].append(await post_ok(http, url, prefixes[tag] + question(i)))
     return out
 
@@ -135,7 +159,11 @@ async def test_default_config_shared_prefixes_stick_and_beat_round_robin():
 
             h0, q0 = await prefix_cache(http, st)
             by_group = await run_groups(
-                http, st.url, [f"epp-{g}" for g in range(groups)], per_group
+                http,
+                st.url,
+                [f"epp-{g}" for g in range(groups)],
+                per_group,
+                settle=lambda: wait_idle(http, st),
             )
             h1, q1 = await prefix_cache(http, st)
             rr_groups = await run_groups(
