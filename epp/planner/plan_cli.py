@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from epp.planner import parallel
 from epp.planner.core.types import Policy
 from epp.planner.offline import compare as cmp
@@ -768,10 +770,21 @@ def _planner_config(args: argparse.Namespace) -> Any:
     return load_planner_file(text, args.planner)
 
 
+def _file_keys(args: argparse.Namespace) -> frozenset[str]:
+    """The keys the planner file sets (none without --planner; the file already parsed
+    in `_planner_config`, so it is readable YAML)."""
+    if args.planner is None:
+        return frozenset()
+    raw = yaml.safe_load(Path(args.planner).read_text(encoding="utf-8"))
+    return frozenset(raw) if isinstance(raw, dict) else frozenset()
+
+
 def _budget(args: argparse.Namespace, setup: cmp.Setup) -> int | None:
-    """The planners' GPU budget: the planner file's, else twice static-peak's GPUs (at
-    least the library default of 8, which alone would cap a larger pool)."""
-    if args.planner is not None:
+    """The planners' GPU budget: the planner file's `max-gpu-budget` when it sets one,
+    else twice static-peak's GPUs (at least the library default of 8, which alone would
+    cap a larger pool). A file that tunes other keys gets the budget a replay without
+    one gets, not the library's 8 GPUs."""
+    if "max-gpu-budget" in _file_keys(args):
         return _planner_config(args).budget.max_gpu_budget
     return max(8, 2 * setup.peak.replicas * setup.shape.gpus_per_replica)
 
@@ -779,8 +792,8 @@ def _budget(args: argparse.Namespace, setup: cmp.Setup) -> int | None:
 def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup) -> Any:
     """The planner file's settings with what the replay fixes for every policy: the
     mode, the SLA, the pool shape (aggregated), the start-up time the SLA mode plans
-    for, the interval when given, and a GPU budget of twice static-peak's when the file
-    sets none (the library default of 8 would cap a larger pool)."""
+    for, the interval when given, and, unless the file sets them, a GPU budget of twice
+    static-peak's and the preset's GPUs per replica."""
     planner = base.planner
     interval = args.interval
     if interval is None and planner.adjustment_interval is None and name != "load":
@@ -791,15 +804,18 @@ def _config_for(name: str, base: Any, args: argparse.Namespace, setup: cmp.Setup
         pool="aggregated",
         adjustment_interval=interval if interval is not None else planner.adjustment_interval,
     )
-    budget = base.budget
-    if args.planner is None:
-        gpus = setup.shape.gpus_per_replica
-        budget = dataclasses.replace(
-            budget,
-            max_gpu_budget=setup.budget_gpus,
-            decode_engine_num_gpu=gpus,
-            prefill_engine_num_gpu=gpus,
-        )
+    # A file that tunes one option must not also cap the pool at the library's 8 GPUs
+    # of one GPU a replica (8 replicas of a 4-GPU preset, whatever the trace needs).
+    gpus = setup.shape.gpus_per_replica
+    given = _file_keys(args)
+    fixed = {
+        "max_gpu_budget": ("max-gpu-budget", setup.budget_gpus),
+        "decode_engine_num_gpu": ("decode-engine-num-gpu", gpus),
+        "prefill_engine_num_gpu": ("prefill-engine-num-gpu", gpus),
+    }
+    budget = dataclasses.replace(
+        base.budget, **{field: v for field, (key, v) in fixed.items() if key not in given}
+    )
     load = base.load
     if name == "load" and args.planner is None:
         load = _profiled_load_thresholds(base.load, setup)

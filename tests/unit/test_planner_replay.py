@@ -6,6 +6,7 @@ decisions are known in advance, and numbers worked out by hand in the comments.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -466,3 +467,36 @@ def test_a_planner_file_naming_a_removed_option_is_one_line_and_exit_2(tmp_path,
     code, _, err = run_cli(capsys, "--trace", str(trace), "--planner", str(planner))
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert f"{planner}: prefill-interference: removed" in err and "delete the key" in err
+
+
+def test_a_planner_file_keeps_the_replays_budget_and_replica_gpus_unless_it_sets_them(
+    tmp_path,
+):
+    """A file that tunes one option must not cap the pool at the library's 8 one-GPU
+    replicas: the replay's budget (twice static-peak's GPUs) and the preset's GPUs per
+    replica hold for every key the file leaves out, and the file's own values win."""
+    from types import SimpleNamespace
+
+    from epp.planner import plan_cli
+    from epp.planner.core.config import load_planner_file
+
+    setup = SimpleNamespace(
+        shape=SimpleNamespace(gpus_per_replica=4, startup_s=100.0),
+        peak=SimpleNamespace(replicas=10),
+        budget_gpus=80,
+        sla=Sla(500.0, 50.0),
+    )
+
+    def budget(text: str) -> tuple[int | None, object]:
+        path = tmp_path / "p.yaml"
+        path.write_text(text)
+        args = argparse.Namespace(planner=str(path), interval=None)
+        config = plan_cli._config_for("epp", load_planner_file(text), args, setup)
+        return plan_cli._budget(args, setup), config.budget
+
+    total, b = budget("attainment-target: 0.995\n")
+    assert total == 80 and b.max_gpu_budget == 80
+    assert b.decode_engine_num_gpu == 4 and b.prefill_engine_num_gpu == 4
+    total, b = budget("max-gpu-budget: 12\ndecode-engine-num-gpu: 2\n")
+    assert total == 12 and b.max_gpu_budget == 12
+    assert b.decode_engine_num_gpu == 2 and b.prefill_engine_num_gpu == 4
