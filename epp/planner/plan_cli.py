@@ -365,6 +365,7 @@ def _replay(args: argparse.Namespace) -> int:
         # busiest intervals' size alone can sit far below it (5 where 9 keep 99 % of a
         # ServeGen fall's requests), leaving the planners no room above static-peak.
         if "static-peak" not in fixed:
+            say("static-peak first: the other policies' GPU budget is twice its pool")
             fixed["static-peak"] = cmp.static_peak(
                 arrivals, setup, seed=args.seed, spares=spares,
                 progress=say.progress("static-peak"),
