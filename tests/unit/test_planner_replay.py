@@ -430,17 +430,22 @@ def test_the_lazy_pool_replays_exactly_as_advancing_every_replica(caching):
     assert len(lazy.actions) >= 5 and any(lt.drain_from < math.inf for lt in lazy.lifetimes)
 
 
-def test_a_given_static_peak_is_replayed_once_not_searched(tmp_path, capsys):
-    # The search on this trace finds its size by replaying several; --static-peak N
-    # replays N alone and says so, and a size below 1 is one line and exit 2.
-    trace = tmp_path / "t.jsonl"
-    trace.write_text(
+def mooncake_file(path, arrivals):
+    """`arrivals` written as the Mooncake JSONL the replay reads."""
+    path.write_text(
         "".join(
             json.dumps({"timestamp": a.t_s * 1000, "input_length": a.isl, "output_length": a.osl})
             + "\n"
-            for a in poisson(120, 20.0, seed=8)
+            for a in arrivals
         )
     )
+    return path
+
+
+def test_a_given_static_peak_is_replayed_once_not_searched(tmp_path, capsys):
+    # The search on this trace finds its size by replaying several; --static-peak N
+    # replays N alone and says so, and a size below 1 is one line and exit 2.
+    trace = mooncake_file(tmp_path / "t.jsonl", poisson(120, 20.0, seed=8))
 
     def peak(*extra: str) -> tuple[dict, str]:
         out_json = tmp_path / "out.json"
@@ -507,14 +512,7 @@ def test_the_planners_budget_is_twice_static_peaks_pool_given_or_found(tmp_path,
     keep 99 % of requests, a budget of 10 that left the planners no room above
     static-peak. Given (--static-peak 6 on a 4-GPU preset: 48 GPUs, where this light
     trace's busiest intervals need 1) or found by the comparison's search."""
-    trace = tmp_path / "t.jsonl"
-    trace.write_text(
-        "".join(
-            json.dumps({"timestamp": a.t_s * 1000, "input_length": a.isl, "output_length": a.osl})
-            + "\n"
-            for a in poisson(60, 2.0, seed=3)
-        )
-    )
+    trace = mooncake_file(tmp_path / "t.jsonl", poisson(60, 2.0, seed=3))
 
     def compare(*extra: str) -> dict:
         out_json = tmp_path / "out.json"
