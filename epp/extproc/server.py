@@ -286,8 +286,7 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                     responses = stream.handle(msg)
                 for resp in responses:
                     yield resp
-                if self.routes is not None and self._sweep_timer is None and len(self.routes):
-                    self._arm_sweep(self.routes.join_timeout)
+                self._ensure_sweep()
             if stream.evicted:
                 for resp in stream.eviction_responses():
                     yield resp
@@ -298,6 +297,10 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
             if not self.open_streams:
                 self._idle.set()
             stream.close()
+            # Also here: Envoy may reset the stream while this generator waits at a
+            # `yield` after the routing answer (the response phases skipped), and then the
+            # check in the loop never runs; a parked leg without a timer would never expire.
+            self._ensure_sweep()
 
     async def _observe(
         self, first: pb.ProcessingRequest, messages: AsyncIterator[pb.ProcessingRequest]
@@ -332,6 +335,11 @@ class ExtProcServicer(pb_grpc.ExternalProcessorServicer):
                 "EPPs behind one ext_proc cluster use the in-path response "
                 "(deploy/envoy/envoy-replicas.yaml, --response-path on)",
             )
+
+    def _ensure_sweep(self) -> None:
+        """Arm the sweep when legs are parked and no timer is pending."""
+        if self.routes is not None and self._sweep_timer is None and len(self.routes):
+            self._arm_sweep(self.routes.join_timeout)
 
     def _arm_sweep(self, delay: float) -> None:
         loop = asyncio.get_running_loop()
