@@ -13,7 +13,7 @@ an aggregated pool, as upstream's aggregated planner refuses SLA scaling. Writes
 docs/data/results/<suite>.json: per law
 its frontier and cheapest point keeping >= 99 % of requests within both SLAs, and
 `epp`'s GPU-hours as a ratio to the cheapest of those, `epp` taken from the held-out
-table (docs/data/results/planner_heldout.json).
+table at these pools (docs/data/results/planner_heldout_small.json).
 
 `--ratio-only` recomputes the `epp` rows from the two results files without replaying
 (after the held-out table is re-measured).
@@ -51,7 +51,7 @@ COLUMNS = [
     "requests_within_sla", "worst_5min", "on_frontier", "cheapest_99", "epp_vs_cheapest_99",
 ]  # fmt: skip
 POLICY, SETTING, GPU_HOURS, SHARE, FRONTIER, CHEAPEST, RATIO = 2, 3, 4, 6, 8, 9, 10
-EPP_SETTING = "as shipped (planner_heldout.json)"
+EPP_SETTING = "as shipped (planner_heldout_small.json)"
 SUMMARY = "**Per slice and start-up delay** (cheapest point at >= 99 % of requests):"
 
 
@@ -289,7 +289,7 @@ def main() -> int:
     ap.add_argument("--workdir", default="planner-heldout", help="traces and replay JSON")
     ap.add_argument("--rerun", action="store_true", help="replay even where JSON exists")
     ap.add_argument("--suite", default="planner_heldout_field")
-    ap.add_argument("--epp", type=Path, default=RESULTS / "planner_heldout.json")
+    ap.add_argument("--epp", type=Path, default=RESULTS / "planner_heldout_small.json")
     ap.add_argument(
         "--ratio-only", action="store_true",
         help="recompute the epp rows from the results files, without replaying",
