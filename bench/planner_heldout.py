@@ -58,6 +58,8 @@ def replay(args: argparse.Namespace, trace: Path, out: Path, policies: str, extr
     )  # fmt: skip
     if args.planner:
         cmd += ["--planner", args.planner]
+    if args.long_prefill_token_threshold:
+        cmd += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
     print(f"{trace.name}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     cpu = os.times()
@@ -198,6 +200,10 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.015)
     ap.add_argument("--preset", default="llama-3.1-70b-4xh100")
     ap.add_argument("--startups", default="100,300", metavar="S1,S2")
+    ap.add_argument(
+        "--long-prefill-token-threshold", type=int, default=0, metavar="TOKENS",
+        help="the replicas' vLLM --long-prefill-token-threshold (epp profile suggests one)",
+    )  # fmt: skip
     ap.add_argument("--policies", default=POLICIES)
     ap.add_argument("--sweep", action="store_true", help="also each law's swept frontier")
     ap.add_argument("--planner", metavar="FILE", help="the planner file epp runs with")

@@ -100,6 +100,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"simulated server of every replica (default {DEFAULT_PRESET})",
     )
     r.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="vLLM's --long-prefill-token-threshold on every replica: no request prefills "
+        "more than this many tokens in one step, so a long prompt does not stall the "
+        "requests decoding beside it (default 0: off, vLLM's default)",
+    )
+    r.add_argument(
         "--ttft",
         type=float,
         metavar="MS",
@@ -320,7 +329,13 @@ def _replay(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be a positive number of milliseconds")
     preset = presets.get(args.preset)  # ValueError names the known ones
     caching = any(a.hash_ids for a in arrivals)
-    sim = presets.config_for(preset.name, enable_prefix_caching=caching)
+    if args.long_prefill_token_threshold < 0:
+        raise UsageError("--long-prefill-token-threshold must be >= 0 tokens (0: off)")
+    sim = presets.config_for(
+        preset.name,
+        enable_prefix_caching=caching,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+    )
     shape = PoolShape(
         sim,
         gpus_per_replica=_preset_gpus(preset.name),

@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens", type=int,
         help=f"token budget of one step (default {d.max_num_batched_tokens})",
     )  # fmt: skip
+    p.add_argument(
+        "--long-prefill-token-threshold", type=int,
+        help="most prompt tokens one request computes in a step, as vLLM's flag "
+        "(default 0: only the step's budget limits it)",
+    )  # fmt: skip
     p.add_argument("--step-base-ms", type=float, help="fixed model ms of every step (0)")
     p.add_argument(
         "--weight-read-ms", type=float,

@@ -89,6 +89,10 @@ class SimConfig:
     lora_load_ms: float = 0.0
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 8192
+    # vLLM's `--long-prefill-token-threshold` (0: off): no request computes more prompt
+    # tokens than this in one step, so a long prompt is chunked thin and the step's other
+    # requests (decodes, short prompts) keep their pace (Sarathi-Serve, OSDI 2024).
+    long_prefill_token_threshold: int = 0
     step_base_ms: float = 0.0
     weight_read_ms: float = 0.0
     prefill_ms_per_token: float = 0.05
@@ -132,6 +136,8 @@ class SimConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 (0: off)")
         if self.max_loras < 1:
             raise ValueError("max_loras must be >= 1")
         if self.time_scale <= 0 or not math.isfinite(self.time_scale):

@@ -5,7 +5,8 @@ Each `schedule(now)` builds one step the way `vllm/v1/core/sched/scheduler.py` d
 
 1. Running requests first, in order: each gets the tokens it still lacks (one for a
    decoding sequence, the rest of its prompt for a chunked prefill), within the step's
-   token budget (`max_num_batched_tokens`). If the KV cache cannot hold them, the
+   token budget (`max_num_batched_tokens`), and no more than `long_prefill_token_threshold`
+   prompt tokens for one request when that is set. If the KV cache cannot hold them, the
    most recently admitted running request is preempted (its blocks freed, its progress
    dropped, back to the head of the queue to be recomputed), until it fits.
 2. Then, only if nothing was preempted, waiting requests in FIFO order while there is
@@ -112,6 +113,7 @@ class Scheduler:
         self.transferring: list[SimRequest] = []
         self.stats = SchedulerStats()
         self._transfer_s_per_token = config.kv_transfer_ms_per_token / 1000.0
+        self._chunk_cap = config.long_prefill_token_threshold or 1 << 62
 
     # -- requests --------------------------------------------------------------------------
 
@@ -153,6 +155,7 @@ class Scheduler:
         if self.transferring:
             self._finish_transfers(now)
         budget = self.config.max_num_batched_tokens
+        cap = self._chunk_cap
         scheduled: list[tuple[SimRequest, int]] = []
         preempted: list[SimRequest] = []
         kv = self.kv
@@ -160,7 +163,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, cap)
             if n <= 0:  # nothing left to compute (cannot happen after a finished step)
                 i += 1
                 continue
@@ -212,7 +215,11 @@ class Scheduler:
                 and not req.generated
                 and not req.preemptions
             )
-            n = req.num_tokens - computed if pull else min(req.num_tokens - computed, budget)
+            n = (
+                req.num_tokens - computed
+                if pull
+                else min(req.num_tokens - computed, budget, self._chunk_cap)
+            )
             if not self._can_allocate(req, hits, computed + n):
                 waiting.appendleft(req)
                 break

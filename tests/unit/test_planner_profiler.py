@@ -33,6 +33,7 @@ from epp.planner.profiler.results import (
     decode_arrays,
     decode_kv_bounds,
     json_ready,
+    long_prefill_threshold,
     pick_decode,
     pick_prefill,
     prefill_arrays,
@@ -233,6 +234,15 @@ def test_virtual_profile_of_a_preset():
     assert report.recommendation.meets_sla
 
 
+def test_long_prefill_threshold_fits_a_chunk_in_the_itl_share():
+    # TTFT = 10 ms + 0.1 ms per token: a step within 0.75 x 50 ms = 37.5 ms holds 275 tokens
+    points = [PrefillResult(isl, 10.0 + 0.1 * isl) for isl in (100, 1000, 4000)]
+    assert long_prefill_threshold(points, itl_ms=50.0, share=0.75) == 275
+    assert long_prefill_threshold(points, itl_ms=50.0, share=0.5) == 150
+    assert long_prefill_threshold(points, itl_ms=12.0) is None  # one token's step overruns
+    assert long_prefill_threshold(points[:1], itl_ms=50.0) is None  # no slope from one ISL
+
+
 def test_cli_virtual_writes_dynamos_files(tmp_path, capsys):
     out = tmp_path / "p"
     argv = ["profile", "--virtual-preset", "tiny", "--quick", "--isl", "300", "--osl", "100"]
@@ -240,6 +250,9 @@ def test_cli_virtual_writes_dynamos_files(tmp_path, capsys):
     assert rc == 0
     stdout = capsys.readouterr().out
     assert "Suggested planner upper/lower bound for prefill queue size:" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    tokens = summary["engine_flags"]["long-prefill-token-threshold"]
+    assert f"Suggested engine flags: --long-prefill-token-threshold {tokens}" in stdout
     with np.load(out / "selected_prefill_interpolation" / "raw_data.npz") as z:
         assert set(z.files) == set(PREFILL_ARRAYS)
     with np.load(out / "selected_decode_interpolation" / "raw_data.npz") as z:

@@ -55,6 +55,7 @@ def test_config_validation_and_derived_values() -> None:
     for bad in [
         {"max_num_seqs": 0},
         {"max_num_batched_tokens": 0},
+        {"long_prefill_token_threshold": -1},
         {"time_scale": 0},
         {"failure_rate": 1.5},
         {"decode_ms_per_token": -1},
@@ -247,6 +248,28 @@ def test_batching_within_the_token_budget() -> None:
     drain(s)
     assert s.kv.num_used_blocks == 0
     assert s.stats.max_batched_tokens_seen == 10
+
+
+def test_long_prefill_threshold_chunks_a_long_prompt_thin() -> None:
+    """vLLM's long-prefill threshold: no request prefills more than it in one step, so
+    the long prompt B leaves room for A's decode and C's short prompt in every step."""
+    s = scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=6)
+    a = request(range(4), max_tokens=4)
+    s.add(a, 0.0)
+    assert [(r, n) for r, n in step(s).scheduled] == [(a, 4)]  # under the threshold: whole
+    b, c = request(range(100, 120)), request(range(200, 205))
+    s.add(b, 0.0)
+    s.add(c, 0.0)
+    assert [(r, n) for r, n in step(s).scheduled] == [(a, 1), (b, 6), (c, 5)]
+    assert [(r, n) for r, n in step(s).scheduled] == [(a, 1), (b, 6), (c, 1)]
+    assert [(r, n) for r, n in step(s).scheduled] == [(a, 1), (b, 6), (c, 1)]
+    assert [(r, n) for r, n in step(s).scheduled] == [(b, 2)]  # A and C are done
+    assert b.generated == 1
+    drain(s)
+    off = scheduler(max_num_batched_tokens=64)
+    long = request(range(100, 120))
+    off.add(long, 0.0)
+    assert [(r, n) for r, n in step(off).scheduled] == [(long, 20)]
 
 
 def test_max_num_seqs_and_delays() -> None:

@@ -76,6 +76,22 @@ def test_macro_steps_give_the_same_token_times_as_single_steps_8b():
     assert eng2.macro_steps < eng1.scheduler.stats.steps / 5
 
 
+def test_same_times_with_a_long_prefill_threshold():
+    # Long prompts chunked thin share their steps with decodes: the macro step must not
+    # jump while one is in the batch, and the blocked-head check must cap its chunk too.
+    config = presets.config_for("llama-3.1-8b-h100", long_prefill_token_threshold=96)
+    reqs = workload(200, rate=15.0, seed=3, isl=(20, 1500), osl=(1, 120))
+    single, eng1, _ = run(config, reqs, macro=False)
+    macro, eng2, _ = run(config, reqs, macro=True)
+    assert_same(single, macro)
+    assert eng2.scheduler.stats.steps == eng1.scheduler.stats.steps
+    assert eng2.macro_steps > 0
+    off, _, _ = run(presets.config_for("llama-3.1-8b-h100"), reqs, macro=True)
+    long = [rid for rid, _, isl, _, _ in reqs if isl > 1000]
+    # a long prompt waits longer for its first token when it is chunked thin
+    assert all(single[r].first_token > off[r].first_token for r in long[:5])
+
+
 def test_same_times_with_prefix_reuse_preemption_and_a_blocked_queue():
     # A small cache (64 blocks of 16 tokens = 1024 tokens) and long outputs: sequences
     # outgrow it (preemption), and the queue's head waits for blocks while the rest

@@ -33,10 +33,12 @@ from epp.planner.profiler import plots
 from epp.planner.profiler.driver import ProfileReport, Sla, Target, profile
 from epp.planner.profiler.plan import PlanError, SweepSettings
 from epp.planner.profiler.results import (
+    CHUNK_ITL_SHARE,
     Endpoint,
     comparison_table,
     decode_arrays,
     json_ready,
+    long_prefill_threshold,
     prefill_arrays,
 )
 from epp.planner.profiler.sweep import HttpTarget, ProgressBar, SweepError, open_session
@@ -184,6 +186,12 @@ async def run_profile(args: argparse.Namespace, settings: SweepSettings) -> Prof
         return await profile(targets, settings, sla, bar)
 
 
+def engine_flags(report: ProfileReport) -> dict[str, str]:
+    """vLLM flags the SLA asks of the engine itself (`results.long_prefill_threshold`)."""
+    tokens = long_prefill_threshold(report.prefill, report.recommendation.itl_sla_ms)
+    return {} if tokens is None else {"long-prefill-token-threshold": str(tokens)}
+
+
 def summary(report: ProfileReport) -> dict[str, Any]:
     rec = report.recommendation
     candidates = []
@@ -226,6 +234,7 @@ def summary(report: ProfileReport) -> dict[str, Any]:
             "num_request": rec.decode.num_request,
         },
         "planner_flags": rec.planner_flags(),
+        "engine_flags": engine_flags(report),
         "lines": rec.lines(),
         "sweep": {
             "prefill": [
@@ -292,6 +301,13 @@ def run(args: argparse.Namespace) -> int:
     print(comparison_table(report.candidates, ttft_ms=rec.ttft_sla_ms, itl_ms=rec.itl_sla_ms))
     for line in rec.lines():
         print(line)
+    engine = engine_flags(report)
+    if engine:
+        print(
+            "Suggested engine flags: "
+            + " ".join(f"--{k} {v}" for k, v in engine.items())
+            + f" (a long prompt's step within {CHUNK_ITL_SHARE:.0%} of the ITL target)"
+        )
     print("wrote " + ", ".join(str(p) for p in paths))
     if not rec.meets_sla:
         print(

@@ -18,6 +18,7 @@ The load-planner thresholds use the May-2025 profiler's formulas (§4 "Old versi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -234,6 +235,35 @@ def recommend(
         ttft_sla_ms=ttft_ms,
         itl_sla_ms=itl_ms,
     )
+
+
+# The share of the ITL target one step with a long prompt's chunk may take: the rest is
+# for the decoding batch that shares the step. Chosen on ServeGen day 0 (language
+# m-small, hours 4-16, 70B-4xH100 preset, 500/50 ms SLA): chunks of 128 and 256 tokens
+# (shares 0.44 and 0.71 there) kept 99.48 and 99.45 % of requests under the planner,
+# 512 (1.26) 98.99 %, no threshold 98.68 %.
+CHUNK_ITL_SHARE = 0.7
+
+
+def long_prefill_threshold(
+    points: Sequence[PrefillResult], itl_ms: float, share: float = CHUNK_ITL_SHARE
+) -> int | None:
+    """vLLM's `--long-prefill-token-threshold` for an ITL target: the largest prompt
+    chunk whose step fits in `share` of it, from a straight line through the prefill
+    sweep (TTFT = step cost + per-token cost x ISL). With it, a long prompt is chunked
+    thin and every request decoding beside it keeps its pace (Sarathi-Serve's token
+    budget from the TBT SLO, Agrawal et al., OSDI 2024); without it one long prompt's
+    8k-token steps pass the ITL target of every request in its batch. None when the
+    sweep has fewer than two lengths or even a one-token step overruns the share."""
+    isl = np.array([p.isl for p in points], dtype=np.float64)
+    ttft = np.array([p.ttft_ms for p in points], dtype=np.float64)
+    if len(np.unique(isl)) < 2:
+        return None
+    per_token, fixed = np.polyfit(isl, ttft, 1)
+    if not per_token > 0:
+        return None
+    tokens = math.floor((share * itl_ms - fixed) / per_token + 1e-9)  # the fit is exact to 1e-9
+    return tokens if tokens >= 1 else None
 
 
 def comparison_table(candidates: Sequence[Candidate], *, ttft_ms: float, itl_ms: float) -> str:
