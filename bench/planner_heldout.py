@@ -102,7 +102,11 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
         doc = run_epp_only(args, trace, stem, startups, reused)
     else:
         doc = run_all(args, trace, stem, startups)
-    doc["trace"] = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}"
+    doc["trace"] = f"ServeGen m-small h{start}-{start + hours} x{args.scale:g}" + (
+        f", prefill chunks <= {args.long_prefill_token_threshold}"
+        if args.long_prefill_token_threshold
+        else ""
+    )
     return doc
 
 
@@ -241,6 +245,11 @@ def main() -> int:
         f"python bench/planner_heldout.py --slices {args.slices} --scale {args.scale:g} "
         f"--preset {args.preset} --startups {args.startups} --policies {args.policies}"
         + (" --sweep" if args.sweep else "")
+        + (
+            f" --long-prefill-token-threshold {args.long_prefill_token_threshold}"
+            if args.long_prefill_token_threshold
+            else ""
+        )
         + (f" --reuse {args.reuse}" if args.reuse else "")
         + (" --append" if args.append else "")
     )
