@@ -90,8 +90,9 @@ class SimConfig:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 8192
     # vLLM's `--long-prefill-token-threshold` (0: off): no request computes more prompt
-    # tokens than this in one step, so a long prompt is chunked thin and the step's other
-    # requests (decodes, short prompts) keep their pace (Sarathi-Serve, OSDI 2024).
+    # tokens than this in one step unless it is alone in the engine, so a long prompt is
+    # chunked thin and the step's other requests (decodes, short prompts) keep their
+    # pace (Sarathi-Serve, OSDI 2024).
     long_prefill_token_threshold: int = 0
     step_base_ms: float = 0.0
     weight_read_ms: float = 0.0

@@ -6,9 +6,10 @@ Each `schedule(now)` builds one step the way `vllm/v1/core/sched/scheduler.py` d
 1. Running requests first, in order: each gets the tokens it still lacks (one for a
    decoding sequence, the rest of its prompt for a chunked prefill), within the step's
    token budget (`max_num_batched_tokens`), and no more than `long_prefill_token_threshold`
-   prompt tokens for one request when that is set. If the KV cache cannot hold them, the
-   most recently admitted running request is preempted (its blocks freed, its progress
-   dropped, back to the head of the queue to be recomputed), until it fits.
+   prompt tokens for one request when that is set and the request is not alone. If the
+   KV cache cannot hold them, the most recently admitted running request is preempted
+   (its blocks freed, its progress dropped, back to the head of the queue to be
+   recomputed), until it fits.
 2. Then, only if nothing was preempted, waiting requests in FIFO order while there is
    budget and fewer than `max_num_seqs` run: each takes its longest prefix-cache hit,
    needs blocks for the rest of its first chunk, and is skipped (not dropped) if its
@@ -155,7 +156,7 @@ class Scheduler:
         if self.transferring:
             self._finish_transfers(now)
         budget = self.config.max_num_batched_tokens
-        cap = self._chunk_cap
+        cap = self.chunk_cap()
         scheduled: list[tuple[SimRequest, int]] = []
         preempted: list[SimRequest] = []
         kv = self.kv
@@ -181,14 +182,21 @@ class Scheduler:
 
         lora_loads = 0
         if not preempted and self.waiting:
-            budget, lora_loads = self._admit_waiting(now, budget, scheduled)
+            budget, lora_loads = self._admit_waiting(now, budget, cap, scheduled)
 
         if not scheduled:
             return None
         return self._plan(scheduled, preempted, lora_loads)
 
+    def chunk_cap(self) -> int:
+        """The most prompt tokens one request may compute this step: the long-prefill
+        threshold, except for a request alone in the engine, which has nobody to starve
+        and takes the whole budget (vLLM 0.32's scheduler does the same)."""
+        alone = len(self.running) + len(self.waiting) + len(self.transferring) <= 1
+        return self._chunk_cap if not alone else 1 << 62
+
     def _admit_waiting(
-        self, now: float, budget: int, scheduled: list[tuple[SimRequest, int]]
+        self, now: float, budget: int, cap: int, scheduled: list[tuple[SimRequest, int]]
     ) -> tuple[int, int]:
         cfg = self.config
         kv = self.kv
@@ -215,11 +223,7 @@ class Scheduler:
                 and not req.generated
                 and not req.preemptions
             )
-            n = (
-                req.num_tokens - computed
-                if pull
-                else min(req.num_tokens - computed, budget, self._chunk_cap)
-            )
+            n = req.num_tokens - computed if pull else min(req.num_tokens - computed, budget, cap)
             if not self._can_allocate(req, hits, computed + n):
                 waiting.appendleft(req)
                 break

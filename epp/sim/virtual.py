@@ -595,7 +595,7 @@ class VirtualEngine:
         fresh = head.num_computed_tokens == 0
         hits = self.kv.find_cached_prefix(head) if fresh else []
         computed = len(hits) * self.kv.block_size if fresh else head.num_computed_tokens
-        want = min(head.num_tokens - computed, budget, sched._chunk_cap)
+        want = min(head.num_tokens - computed, budget, sched.chunk_cap())
         return not sched._can_allocate(head, hits, computed + want)
 
     def _new_blocks(self, m: int) -> int:

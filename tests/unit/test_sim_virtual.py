@@ -88,8 +88,8 @@ def test_same_times_with_a_long_prefill_threshold():
     assert eng2.macro_steps > 0
     off, _, _ = run(presets.config_for("llama-3.1-8b-h100"), reqs, macro=True)
     long = [rid for rid, _, isl, _, _ in reqs if isl > 1000]
-    # a long prompt waits longer for its first token when it is chunked thin
-    assert all(single[r].first_token > off[r].first_token for r in long[:5])
+    # long prompts that shared the engine were chunked thin: they waited longer
+    assert sum(single[r].first_token > off[r].first_token for r in long) > len(long) / 2
 
 
 def test_same_times_with_prefix_reuse_preemption_and_a_blocked_queue():
