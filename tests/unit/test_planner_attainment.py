@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
-from epp.planner.core.attainment import RELAX_STEP, AttainmentControl, Tally
+from epp.planner.core.attainment import RELAX_STEP, AttainmentControl, Tally, reachable_isl
+from epp.planner.core.perf import PrefillPerf, Profile
 from epp.planner.core.types import Observation, Role
 from tests.planner_helpers import obs, pd
+from tests.planner_helpers import profile as helper_profile
 from tests.unit.test_planner_sla_mode import epp
 
 TTFT, ITL = 400.0, 16.0
@@ -47,6 +50,39 @@ def test_a_tally_counts_requests_within_both_and_one_token_answers_on_ttft_alone
     assert (t.requests, t.met) == (5, 2)
     # without the aligned ITLs (an older producer) the requests are judged on TTFT alone
     assert Tally.of(dataclasses.replace(o, itl_ms_by_request=()), TTFT, ITL).met == 3
+
+
+def test_prompts_no_replica_could_serve_in_time_are_left_out():
+    # Two of five prompts are longer than the profile can prefill within the TTFT SLA:
+    # they miss on any pool, so the tally (and the controller) counts the other three.
+    o = Observation(
+        0,
+        60,
+        ttft_ms_samples=(100, 900, 100, 1200, 450),
+        itl_ms_by_request=(10, 10, 10, 10, 10),
+        isl_by_request=(100, 9000, 200, 12000, 300),
+    )
+    assert (Tally.of(o, TTFT, ITL).requests, Tally.of(o, TTFT, ITL).met) == (5, 2)
+    t = Tally.of(o, TTFT, ITL, max_isl=4000)
+    assert (t.requests, t.met) == (3, 2)
+    c = control(reachable_isl=4000)
+    assert step(c, o)["attainment_requests"] == 3
+    # without aligned prompt lengths every request counts
+    assert Tally.of(dataclasses.replace(o, isl_by_request=()), TTFT, ITL, 4000).requests == 5
+
+
+def test_the_reachable_prompt_is_where_the_profiles_ttft_crosses_the_sla():
+    # TTFT 20 ms + 0.1 ms a token, profiled 100..8000: 400 ms is reached at 3800 tokens
+    isl = np.array([100.0, 1000.0, 4000.0, 8000.0])
+    prefill = {
+        "prefill_isl": isl,
+        "prefill_ttft": 20.0 + 0.1 * isl,
+        "prefill_thpt_per_gpu": isl / (20.0 + 0.1 * isl) * 1000,
+    }
+    profile = Profile(PrefillPerf.from_arrays(**prefill), helper_profile().decode)
+    assert reachable_isl(profile, 400.0) == 3800
+    assert reachable_isl(profile, 5000.0) == math.inf  # every profiled prompt is in time
+    assert reachable_isl(profile, 10.0) == 0.0
 
 
 def test_tightens_by_gain_times_the_windows_shortfall():

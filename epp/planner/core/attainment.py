@@ -21,7 +21,12 @@ is met:
   x3); hold too while the share sits between the target and "comfortable";
 - **relax** by `RELAX_STEP` per interval when the window is comfortably above (at most
   half the miss budget used), back towards 1, so capacity added for a rise does not
-  stay forever.
+  stay forever;
+- **leave out unreachable prompts**: a prompt longer than `reachable_isl` (the longest
+  whose batch-1 TTFT in the profile is within the SLA) misses on an idle replica, so no
+  number of replicas brings it within the SLA. Counted, a minute with a few of them
+  reads as a shortfall that capacity never closes, and the factor winds up to its bound
+  for nothing (integral windup on an error the actuator cannot reach).
 
 Why a load factor and not a tighter latency goal: in an aggregated pool the ITL a
 request sees is set by the prefills sharing its replica's steps, which the decode
@@ -39,6 +44,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from epp.planner.core.perf import Profile
 from epp.planner.core.types import Observation
 
 # load factor given back per comfortable interval (Azure x3: 0.02 held 11 replicas where 7
@@ -56,29 +62,62 @@ class Tally:
     met: int  # within both
 
     @classmethod
-    def of(cls, obs: Observation, ttft_ms: float, itl_ms: float) -> Tally:
+    def of(
+        cls, obs: Observation, ttft_ms: float, itl_ms: float, max_isl: float = math.inf
+    ) -> Tally:
         """Count `obs`'s completed requests with TTFT within `ttft_ms` and ITL within
         `itl_ms` (a one-token answer, ITL NaN, is judged on TTFT alone, as
-        `outcome.Sla.met`)."""
+        `outcome.Sla.met`), leaving out prompts longer than `max_isl`."""
         ttft, itl = obs.ttft_ms_samples, obs.itl_ms_by_request
         if len(itl) != len(ttft):  # an Observation built without the aligned ITLs
             itl = (math.nan,) * len(ttft)
-        met = sum(1 for t, i in zip(ttft, itl, strict=True) if t <= ttft_ms and not i > itl_ms)
-        return cls(obs.end, len(ttft), met)
+        isl = obs.isl_by_request
+        if max_isl < math.inf and len(isl) == len(ttft):
+            kept = [(t, i) for t, i, n in zip(ttft, itl, isl, strict=True) if n <= max_isl]
+        else:
+            kept = list(zip(ttft, itl, strict=True))
+        met = sum(1 for t, i in kept if t <= ttft_ms and not i > itl_ms)
+        return cls(obs.end, len(kept), met)
 
     @property
     def share(self) -> float:
         return self.met / self.requests if self.requests else math.nan
 
 
+def reachable_isl(profile: Profile, ttft_ms: float) -> float:
+    """The longest prompt whose batch-1 TTFT in the profile is within `ttft_ms`
+    (infinite when the longest profiled one is; 0 when even the shortest is not)."""
+    prefill = profile.prefill
+    lo, hi = int(prefill.isl[0]), int(prefill.max_isl)
+    if prefill.ttft(hi) <= ttft_ms:
+        return math.inf
+    if prefill.ttft(lo) > ttft_ms:
+        return 0.0
+    while hi - lo > 1:  # ttft(lo) within, ttft(hi) not; the profile's TTFT grows with ISL
+        mid = (lo + hi) // 2
+        if prefill.ttft(mid) <= ttft_ms:
+            lo = mid
+        else:
+            hi = mid
+    return float(lo)
+
+
 class AttainmentControl:
     """The load factor (in [1, max_factor]) the SLA mode multiplies its forecast by
     when it sizes; `update` once per interval."""
 
-    def __init__(self, target: float, window_s: float, gain: float, max_factor: float) -> None:
+    def __init__(
+        self,
+        target: float,
+        window_s: float,
+        gain: float,
+        max_factor: float,
+        reachable_isl: float = math.inf,
+    ) -> None:
         if not 0 < target < 1:
             raise ValueError("attainment target must be in (0, 1)")
         self.target = target
+        self.reachable_isl = reachable_isl
         self.window_s = window_s
         self.gain = gain
         self.max_factor = max_factor
@@ -94,7 +133,7 @@ class AttainmentControl:
         self, obs: Observation, ttft_ms: float, itl_ms: float, starting: bool
     ) -> dict[str, float]:
         """Count the interval, move the factor; returns the diagnostics."""
-        last = Tally.of(obs, ttft_ms, itl_ms)
+        last = Tally.of(obs, ttft_ms, itl_ms, self.reachable_isl)
         tallies = self._tallies
         if not starting:  # misses while replicas start measure the start-up, not the sizing
             tallies.append(last)

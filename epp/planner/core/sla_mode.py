@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from epp.planner.core.attainment import AttainmentControl, Tally
+from epp.planner.core.attainment import AttainmentControl, Tally, reachable_isl
 from epp.planner.core.config import PlannerConfig
 from epp.planner.core.mode import Proposal, current
 from epp.planner.core.perf import Profile
@@ -66,6 +66,7 @@ class SlaMode:
                 x.attainment_window,
                 x.attainment_gain,
                 x.attainment_max_factor,
+                reachable_isl(profile, config.sla.ttft),
             )
             if x.attainment_target > 0
             else None

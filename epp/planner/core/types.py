@@ -124,7 +124,8 @@ class Observation:
     `itl_ms_by_request` is aligned with `ttft_ms_samples` (NaN for a one-token answer,
     which has no ITL), so a policy can count the requests that met *both* SLAs: the
     share the SLA promises per request (`attainment.py`), which no percentile of either
-    quantity alone gives.
+    quantity alone gives; `isl_by_request` is aligned with them too (the prompt lengths,
+    so a request no replica could serve within the TTFT SLA can be told apart).
     """
 
     start: float
@@ -142,6 +143,7 @@ class Observation:
     ttft_ms_samples: tuple[float, ...] = ()
     itl_ms_samples: tuple[float, ...] = ()
     itl_ms_by_request: tuple[float, ...] = ()
+    isl_by_request: tuple[int, ...] = ()
     roles: Mapping[Role, RoleLoad] = field(default_factory=dict)
     replicas: Mapping[Role, Replicas] = field(default_factory=dict)
     endpoints: tuple[EndpointLoad, ...] = ()

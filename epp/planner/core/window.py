@@ -95,6 +95,7 @@ class IntervalWindow:
             ttft_ms_samples=tuple(self._ttft),
             itl_ms_samples=tuple(self._itl),
             itl_ms_by_request=tuple(self._itl_by_request),
+            isl_by_request=tuple(self._isl),
             roles={role: _role_load(samples) for role, samples in self._samples.items()},
             replicas=dict(replicas),
             endpoints=tuple(endpoints),
