@@ -150,6 +150,12 @@ class SimConfig:
         ):
             # vLLM refuses to start when one max-length sequence cannot fit in the cache.
             raise ValueError("max_model_len must be >= 1 and fit in the KV cache")
+        if self.long_prefill_token_threshold > self.model_len:
+            # vLLM refuses it too (SchedulerConfig: "cannot be greater than the max_model_len")
+            raise ValueError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must not "
+                f"exceed the model length ({self.model_len})"
+            )
         if self.kv_offload_blocks < 0:
             raise ValueError("kv_offload_blocks must be >= 0")
         if self.default_max_tokens < 1:

@@ -38,6 +38,8 @@ from epp.sim.latency import StepShape
 from epp.sim.lora import LoraRegistry
 from epp.sim.sequence import SimRequest, State
 
+UNCAPPED = 1 << 62  # a chunk bound no prompt reaches
+
 
 class SchedulerObserver(Protocol):
     """What metrics need to hear; all times are model seconds."""
@@ -114,7 +116,7 @@ class Scheduler:
         self.transferring: list[SimRequest] = []
         self.stats = SchedulerStats()
         self._transfer_s_per_token = config.kv_transfer_ms_per_token / 1000.0
-        self._chunk_cap = config.long_prefill_token_threshold or 1 << 62
+        self._chunk_cap = config.long_prefill_token_threshold or UNCAPPED
 
     # -- requests --------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class Scheduler:
         threshold, except for a request alone in the engine, which has nobody to starve
         and takes the whole budget (vLLM 0.32's scheduler does the same)."""
         alone = len(self.running) + len(self.waiting) + len(self.transferring) <= 1
-        return self._chunk_cap if not alone else 1 << 62
+        return self._chunk_cap if not alone else UNCAPPED
 
     def _admit_waiting(
         self, now: float, budget: int, cap: int, scheduled: list[tuple[SimRequest, int]]

@@ -56,6 +56,7 @@ def test_config_validation_and_derived_values() -> None:
         {"max_num_seqs": 0},
         {"max_num_batched_tokens": 0},
         {"long_prefill_token_threshold": -1},
+        {"long_prefill_token_threshold": 2048, "max_model_len": 1024},
         {"time_scale": 0},
         {"failure_rate": 1.5},
         {"decode_ms_per_token": -1},
