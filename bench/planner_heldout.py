@@ -58,8 +58,7 @@ def replay(args: argparse.Namespace, trace: Path, out: Path, policies: str, extr
     )  # fmt: skip
     if args.planner:
         cmd += ["--planner", args.planner]
-    if args.long_prefill_token_threshold:
-        cmd += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
+    cmd += engine_args(args)
     print(f"{trace.name}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     cpu = os.times()
@@ -69,6 +68,18 @@ def replay(args: argparse.Namespace, trace: Path, out: Path, policies: str, extr
         flush=True,
     )
     return json.loads(out.read_text())
+
+
+def engine_args(args: argparse.Namespace) -> list[str]:
+    """The replicas' engine settings that differ from vLLM's defaults, as replay flags."""
+    t = args.long_prefill_token_threshold
+    return ["--long-prefill-token-threshold", str(t)] if t else []
+
+
+def engine_label(args: argparse.Namespace) -> str:
+    """The engine settings in a name: JSON of one engine is never read for another."""
+    t = args.long_prefill_token_threshold
+    return f"-chunk{t}" if t else ""
 
 
 def slice_trace(args: argparse.Namespace, start: int, hours: int) -> Path:
@@ -96,8 +107,11 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
     work = Path(args.workdir)
     trace = slice_trace(args, start, hours)
     startups = [s.strip() for s in args.startups.split(",")]
-    stem = f"{trace.stem}-{args.preset}-{args.tag}"
-    reused = [work / f"{trace.stem}-{args.preset}-{args.reuse}-{s}.json" for s in startups]
+    stem = f"{trace.stem}-{args.preset}{engine_label(args)}-{args.tag}"
+    reused = [
+        work / f"{trace.stem}-{args.preset}{engine_label(args)}-{args.reuse}-{s}.json"
+        for s in startups
+    ]
     if args.reuse and all(p.exists() for p in reused):
         doc = run_epp_only(args, trace, stem, startups, reused)
     else:
@@ -245,12 +259,9 @@ def main() -> int:
         f"python bench/planner_heldout.py --slices {args.slices} --scale {args.scale:g} "
         f"--preset {args.preset} --startups {args.startups} --policies {args.policies}"
         + (" --sweep" if args.sweep else "")
-        + (
-            f" --long-prefill-token-threshold {args.long_prefill_token_threshold}"
-            if args.long_prefill_token_threshold
-            else ""
-        )
+        + "".join(f" {a}" for a in engine_args(args))
         + (f" --reuse {args.reuse}" if args.reuse else "")
+        + (f" --tag {args.tag}" if args.tag != "default" else "")
         + (" --append" if args.append else "")
     )
     if args.append and (old := RESULTS / f"{args.suite}.json").exists():
