@@ -60,13 +60,15 @@ class SlaMode:
         self.hysteresis = Hysteresis(self._roles, self._x.scale_down_window, self._x.reversal_guard)
         self.rise = Rise(self._x.rise_headroom)
         x = self._x
+        # prompts longer than this miss the TTFT SLA on an idle replica: no sizing helps
+        self.reachable_isl = reachable_isl(profile, config.sla.ttft)
         self.attainment = (
             AttainmentControl(
                 x.attainment_target,
                 x.attainment_window,
                 x.attainment_gain,
                 x.attainment_max_factor,
-                reachable_isl(profile, config.sla.ttft),
+                self.reachable_isl,
             )
             if x.attainment_target > 0
             else None
@@ -133,14 +135,15 @@ class SlaMode:
 
     def _startup_bound(self, obs: Observation) -> str:
         """Non-empty when the interval just closed kept fewer than `STARTUP_BOUND_SHARE`
-        of its completed requests within both SLAs while replicas this planner asked
+        of its completed requests within both SLAs (those the SLA can be met for, as the
+        request target counts them) while replicas this planner asked
         for were still starting: capacity was decided and is on its way, and no sizing
         can keep the promise until it serves. The planner says so (the decision's
         reason, the `startup_bound` diagnostic) instead of missing silently."""
         starting = sum(obs.replicas_of(r).starting for r in self._roles)
         if not starting:
             return ""
-        tally = Tally.of(obs, self._cfg.sla.ttft, self._cfg.sla.itl)
+        tally = Tally.of(obs, self._cfg.sla.ttft, self._cfg.sla.itl, self.reachable_isl)
         if not tally.requests or tally.share >= STARTUP_BOUND_SHARE:
             return ""
         return (
