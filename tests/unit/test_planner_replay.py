@@ -19,7 +19,7 @@ from epp.planner.core.types import Decision, Observation, Role
 from epp.planner.offline import compare as cmp
 from epp.planner.offline.outcome import Sla, summarize
 from epp.planner.offline.pool import PoolShape, State
-from epp.planner.offline.replay import Action, Run, replay
+from epp.planner.offline.replay import Action, MissLimit, Run, replay
 from epp.planner.offline.static import NoPoolMeetsSla, Sizer, StaticPolicy, nice_up, peak_segments
 from epp.planner.offline.traces import Arrival
 from epp.sim import presets
@@ -276,6 +276,44 @@ def test_compare_runs_every_policy_on_the_same_setup():
     peak = results[0].summary
     assert peak.sla_intervals == 1.0 or "still misses" in results[0].note
     assert results[2].initial == setup.mean.replicas
+
+
+def test_a_miss_limit_stops_a_replay_once_its_misses_pass_it():
+    """A pool too small for the trace, with a limit of 5 misses: the run stops soon
+    after the sixth, marked stopped, with fewer requests served than arrived; without
+    the limit the same pool serves every request."""
+    arrivals = poisson(300, 60.0, seed=3)
+    sla = Sla(50.0, 2.5)
+    policy = StaticPolicy("s", 1, 5.0)
+    whole = replay(arrivals, policy, shape(), initial=1)
+    assert not whole.stopped and len(whole.served) == len(arrivals)
+    missed = sum(1 for x in whole.served if not sla.met(x))
+    assert missed > 5  # the pool is too small: the limit is reached
+    cut = replay(arrivals, policy, shape(), initial=1, miss_limit=MissLimit(sla.met, 5))
+    assert cut.stopped and len(cut.served) < len(arrivals)
+    assert sum(1 for x in cut.served if not sla.met(x)) > 5
+
+
+def test_the_static_peak_search_stops_small_pools_early_and_finds_the_fewest(monkeypatch):
+    """The search replays a size only until it has missed more requests than 99 % allows;
+    its answer is the fewest replicas whose whole replay keeps 99 % (one fewer does
+    not), replayed whole."""
+    arrivals = poisson(400, 40.0, seed=11)
+    setup = cmp.prepare(arrivals, shape(), 5.0, Sla(50.0, 2.5))
+    runs: list[Run] = []
+
+    def recorded(*args, **kwargs) -> Run:
+        runs.append(replay(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(cmp, "replay", recorded)
+    found = cmp.static_peak(arrivals, setup)
+    assert any(r.stopped and len(r.served) < len(arrivals) for r in runs)
+    monkeypatch.undo()
+    n = found.initial
+    assert not found.run.stopped and found.summary.sla_requests >= 0.99
+    below = cmp.run_policy(arrivals, StaticPolicy("static-peak", n - 1, 5.0), setup, n - 1)
+    assert below.summary.sla_requests < 0.99
 
 
 # -- the command ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ Pure: the caller builds the policies (`factories`) and does the printing.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from epp.planner.core.types import Policy
 from epp.planner.offline.laws.oracle import Oracle
 from epp.planner.offline.outcome import Sla, Summary, summarize
 from epp.planner.offline.pool import PoolShape, Spares
-from epp.planner.offline.replay import Arrival, Progress, Run, replay
+from epp.planner.offline.replay import Arrival, MissLimit, Progress, Run, replay
 from epp.planner.offline.sla_pick import request_sla
 from epp.planner.offline.static import (
     Sizer,
@@ -129,6 +130,7 @@ def run_policy(
     spares: Spares | None = None,
     progress: Progress | None = None,
     note: str = "",
+    miss_limit: MissLimit | None = None,
 ) -> Result:
     run = replay(
         arrivals,
@@ -138,6 +140,7 @@ def run_policy(
         seed=seed,
         spares=spares,
         progress=progress,
+        miss_limit=miss_limit,
     )
     summary = summarize(run, setup.sla, setup.interval_s, budget_gpus=setup.budget_gpus)
     return Result(summary, run, initial, note)
@@ -156,25 +159,29 @@ def static_peak(
     whole trace. The search starts at the busiest intervals' size, walks down while
     the share holds (galloping, then bisecting) or up until it holds (at most
     `PEAK_GROWTH` times the start); the share rises with the pool, so the first size
-    found is the fewest."""
+    found is the fewest. A size that has missed more requests than the share allows
+    stops there (`MissLimit`): it cannot keep the share, and the search needs no more."""
     start = setup.peak.replicas
     runs: dict[int, Result] = {}
+    limit = MissLimit(setup.sla.met, math.floor((1 - PEAK_SHARE) * len(arrivals) + 1e-9))
     if setup.peak_known is not None:
         n = setup.peak_known
         policy = StaticPolicy("static-peak", n, setup.interval_s)
         res = run_policy(arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress)
         return Result(res.summary, res.run, n, f"{n} given (--static-peak), not searched")
 
-    def at(n: int) -> Result:
-        if n not in runs:
+    def at(n: int, cut: MissLimit | None = limit) -> Result:
+        if n not in runs or (cut is None and runs[n].run.stopped):
             policy = StaticPolicy("static-peak", n, setup.interval_s)
             runs[n] = run_policy(
-                arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress
-            )
+                arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress,
+                miss_limit=cut,
+            )  # fmt: skip
         return runs[n]
 
     def ok(n: int) -> bool:
-        return at(n).summary.sla_requests >= PEAK_SHARE
+        res = at(n)
+        return not res.run.stopped and res.summary.sla_requests >= PEAK_SHARE
 
     top = max(start + PEAK_BUMPS, PEAK_GROWTH * start)
     if ok(start):
@@ -189,7 +196,7 @@ def static_peak(
             n = min(top, n + max(1, n // 4))
         # the fewest that meets, between the last miss and n
         n = smallest_ok(max(m for m in runs if not ok(m)), n, ok)
-    res = at(n)
+    res = at(n, cut=None)  # the size reported is replayed whole
     how = f"{start} from the busiest intervals"
     if n != start:
         how += f", {n - start:+d} for {PEAK_SHARE:.0%} of the trace's requests"

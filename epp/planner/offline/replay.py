@@ -117,6 +117,17 @@ class Run:
     end: float  # when the run stopped (the last completion, rounded up to a sample)
     last_arrival: float
     steps: int  # engine steps simulated, all replicas
+    stopped: bool = False  # cut short by a `MissLimit`: the figures cover a prefix only
+
+
+@dataclass(frozen=True, slots=True)
+class MissLimit:
+    """Stop the replay once more than `misses` served requests failed `met`: a search
+    that only asks whether a pool keeps a share of the trace's requests has its answer
+    then, and a pool far too small would otherwise replay the whole trace to say so."""
+
+    met: Callable[[Served], bool]
+    misses: int
 
 
 def replay(
@@ -130,18 +141,20 @@ def replay(
     progress: Progress | None = None,
     spares: Spares | None = None,
     lazy: bool = True,
+    miss_limit: MissLimit | None = None,
 ) -> Run:
     """Replay `arrivals` (sorted by time) through `policy` on a pool that starts with
     `initial` ready replicas of `shape`. `spares` lends idle engines across runs;
     `lazy=False` advances every replica at every arrival (`pool.Pool`, the reference
-    the lazy pool is tested against)."""
+    the lazy pool is tested against). `miss_limit` ends the run early (`Run.stopped`)."""
     if not arrivals:
         raise ValueError("no arrivals to replay")
     if initial < 0:
         raise ValueError("initial must be >= 0")
     unique = not any(a.hash_ids for a in arrivals)  # ServeGen, Azure: no shared blocks
     pool = Pool(shape, seed=seed, spares=spares, lazy=lazy, unique_prompts=unique)
-    return _Replay(arrivals, policy, pool, initial, seed, max_tail_s, progress).run()
+    run = _Replay(arrivals, policy, pool, initial, seed, max_tail_s, progress, miss_limit)
+    return run.run()
 
 
 class _Replay:
@@ -154,8 +167,11 @@ class _Replay:
         seed: int,
         max_tail_s: float,
         progress: Progress | None,
+        miss_limit: MissLimit | None = None,
     ) -> None:
         self.arrivals = arrivals
+        self.miss_limit = miss_limit
+        self.misses = 0
         self.policy = policy
         self.pool = pool
         self.role = pool.role
@@ -184,6 +200,8 @@ class _Replay:
         i, tick, n = 0, 0, len(arrivals)
         next_report = 0.0
         lost = 0
+        limit = self.miss_limit.misses if self.miss_limit is not None else math.inf
+        stopped = False
         while True:
             tick += 1
             t = tick * dt
@@ -198,6 +216,9 @@ class _Replay:
             if self.progress is not None and t >= next_report:
                 self.progress(min(t, last), last)
                 next_report = t + 60.0
+            if self.misses > limit:
+                stopped = True
+                break
             if i == n and not self.held and not self.done and self._idle():
                 break
             if i == n and t > last + self.max_tail_s:
@@ -219,6 +240,7 @@ class _Replay:
             end=end,
             last_arrival=last,
             steps=steps,
+            stopped=stopped,
         )
 
     # -- requests ----------------------------------------------------------------------
@@ -272,19 +294,20 @@ class _Replay:
             a = self.arrivals[rid]
             ttft_ms = (f.first_token - a.t_s) * 1000.0
             itl_ms = f.itl_s * 1000.0
-            self.served.append(
-                Served(
-                    rid,
-                    a.t_s,
-                    ttft_ms,
-                    itl_ms,
-                    f.finish,
-                    f.isl,
-                    f.osl,
-                    f.cached_tokens,
-                    self.where.pop(rid),
-                )
+            served = Served(
+                rid,
+                a.t_s,
+                ttft_ms,
+                itl_ms,
+                f.finish,
+                f.isl,
+                f.osl,
+                f.cached_tokens,
+                self.where.pop(rid),
             )
+            self.served.append(served)
+            if self.miss_limit is not None and not self.miss_limit.met(served):
+                self.misses += 1
             self.window.complete(
                 RequestRecord(
                     f.finish, f.isl, f.osl, ttft_ms, itl_ms, f.finish - a.t_s, f.cached_tokens
