@@ -26,19 +26,23 @@ _JOBS: Sequence[tuple[str, Job]] = ()  # what forked workers run (set before the
 # told (policy, result, CPU seconds) when a replay ends, in the process that ran it
 Done = Callable[[str, Result, float], None]
 _DONE: Done | None = None
+# what a worker sends back of each result (all of it when None): set before the fork
+_KEEP: Callable[[Result], Result] | None = None
 
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
-def runner(workers: int, done: Done | None = None):
+def runner(workers: int, done: Done | None = None, keep: Callable[[Result], Result] | None = None):
     """A `compare` runner with up to `workers` processes; `done` hears of each replay's
-    end (its CPU time: the replay speed, whatever else loads the machine)."""
+    end (its CPU time: the replay speed, whatever else loads the machine); `keep`, when
+    given, is what of each result comes back (`compare.summary_only` for a sweep, whose
+    dozen day-long replays' per-request records would otherwise all be held at once)."""
 
     def run_all(jobs: Sequence[tuple[str, Job]]) -> list[Result]:
-        global _JOBS, _DONE
-        _JOBS, _DONE = jobs, done
+        global _JOBS, _DONE, _KEEP
+        _JOBS, _DONE, _KEEP = jobs, done, keep
         try:
             n = min(workers, len(jobs))
             if n <= 1 or not fork_is_safe():
@@ -47,7 +51,7 @@ def runner(workers: int, done: Done | None = None):
             with ctx.Pool(processes=n, maxtasksperchild=1) as pool:
                 return pool.map(_run, range(len(jobs)), chunksize=1)
         finally:
-            _JOBS, _DONE = (), None
+            _JOBS, _DONE, _KEEP = (), None, None
 
     return run_all
 
@@ -84,4 +88,4 @@ def _run(i: int) -> Result:
     result = job()
     if _DONE is not None:
         _DONE(name, result, time.process_time() - cpu)
-    return result
+    return result if _KEEP is None else _KEEP(result)

@@ -692,7 +692,8 @@ def _sweep(
 
             jobs.append((f"{name} {setting}", job))
             settings_of.append(setting)
-    run_all = parallel.runner(args.jobs or parallel.default_workers(), say.done)
+    workers = args.jobs or parallel.default_workers()
+    run_all = parallel.runner(workers, say.done, keep=cmp.summary_only)
     for setting, res in zip(settings_of, run_all(jobs), strict=True):
         points.append(Point.of(res, setting))
     return points

@@ -78,6 +78,15 @@ class Result:
     note: str = ""
 
 
+def summary_only(result: Result) -> Result:
+    """`result` without its per-request and per-decision records: what a sweep point
+    reads is the summary, and a day's replay holds millions of records."""
+    run = dataclasses.replace(
+        result.run, served=(), rejected=(), actions=(), decisions=(), lifetimes=()
+    )
+    return dataclasses.replace(result, run=run)
+
+
 def prepare(
     arrivals: Sequence[Arrival],
     shape: PoolShape,
