@@ -172,12 +172,12 @@ def static_peak(
     stops there (`MissLimit`): it cannot keep the share, and the search needs no more."""
     start = setup.peak.replicas
     runs: dict[int, Result] = {}
-    limit = MissLimit(setup.sla.met, math.floor((1 - PEAK_SHARE) * len(arrivals) + 1e-9))
     if setup.peak_known is not None:
         n = setup.peak_known
         policy = StaticPolicy("static-peak", n, setup.interval_s)
         res = run_policy(arrivals, policy, setup, n, seed=seed, spares=spares, progress=progress)
         return Result(res.summary, res.run, n, f"{n} given (--static-peak), not searched")
+    limit = MissLimit(setup.sla.met, math.floor((1 - PEAK_SHARE) * len(arrivals) + 1e-9))
 
     def at(n: int, cut: MissLimit | None = limit) -> Result:
         if n not in runs or (cut is None and runs[n].run.stopped):
@@ -211,6 +211,9 @@ def static_peak(
         how += f", {n - start:+d} for {PEAK_SHARE:.0%} of the trace's requests"
     if res.summary.sla_requests < PEAK_SHARE:
         how += f" (at {n}, the most tried, {res.summary.sla_requests:.1%})"
+    stopped = sorted(m for m, r in runs.items() if r.run.stopped)
+    if stopped:  # their progress lines end early: say why
+        how += f"; {','.join(map(str, stopped))} stopped once past {1 - PEAK_SHARE:.0%} misses"
     return Result(res.summary, res.run, n, how)
 
 
