@@ -431,7 +431,11 @@ def _replay(args: argparse.Namespace) -> int:
                 progress=say.progress,
                 statics=[n for n in names if n in STATIC_NAMES],
                 reuse=fixed,
-                runner=parallel.runner(args.jobs or parallel.default_workers(), say.done),
+                # what follows reads each policy's summary; a day's per-request records,
+                # held for every policy at once, take gigabytes
+                runner=parallel.runner(
+                    args.jobs or parallel.default_workers(), say.done, keep=cmp.summary_only
+                ),
             )
             fixed = {r.summary.policy: r for r in results if r.summary.policy in STARTUP_FREE}
         elif names[0] in fixed:
