@@ -156,10 +156,17 @@ def run_epp_only(
         pols = "static-peak,epp" if not docs else "epp"
         doc = replay(args, trace, Path(args.workdir) / f"{stem}-{s}.json", pols,
                      ["--startup-s", s, "--static-peak", str(peak)])  # fmt: skip
-        have = {p["name"] for p in doc["policies"]}
-        kept = [p for p in old["policies"] if p["name"] not in have and p["name"] != "epp"]
-        docs.append(doc | {"policies": doc["policies"] + kept})
+        docs.append(with_reused(doc, old))
     return merge(docs)
+
+
+def with_reused(doc: dict, old: dict) -> dict:
+    """This run's comparison `doc` with what it takes from `old` of the same trace and
+    delay: the policies it did not replay (never `epp`), and `old`'s swept frontiers,
+    which are those policies' and which `epp` is judged against."""
+    have = {p["name"] for p in doc["policies"]}
+    kept = [p for p in old["policies"] if p["name"] not in have and p["name"] != "epp"]
+    return doc | {"policies": doc["policies"] + kept, "sweep": old.get("sweep", [])}
 
 
 def policy(doc: dict, name: str) -> dict:
@@ -198,14 +205,25 @@ def appended(
 ) -> tuple[list[list[object]], str, str]:
     """`old`'s rows, command and notes followed by this run's: a row keyed as one of the
     new ones (trace, start-up, policy) gives way to it, a command already there is not
-    repeated, and the notes are paragraphs one after the other."""
+    repeated, and the notes are paragraphs one after the other, less the old target
+    checks of a slice and delay this run checks again."""
     key = slice(0, 3)
     new = {tuple(r[key]) for r in rows}
     kept = [r for r in old["rows"] if tuple(r[key]) not in new]
     commands = old["command"].split(" && ")
     command = " && ".join(commands + ([command] if command not in commands else []))
-    notes = "\n\n".join(n for n in (old["notes"].strip(), notes.strip()) if n)
+    rechecked = {_checked(line) for line in notes.splitlines()} - {None}
+    old_notes = "\n".join(
+        line for line in old["notes"].splitlines() if _checked(line) not in rechecked
+    )
+    notes = "\n\n".join(n for n in (old_notes.strip(), notes.strip()) if n)
     return kept + rows, command, notes
+
+
+def _checked(line: str) -> str | None:
+    """The slice and delay a target-check line (`planner_frontier.check`) is about."""
+    head, sep, _ = line.partition(", epp: ")
+    return head if sep and line.startswith("- ") else None
 
 
 def _ratio(x: float, of: float | None) -> float | None:

@@ -4,7 +4,7 @@ document the results table is built from."""
 from __future__ import annotations
 
 from bench.planner_frontier import rows_of
-from bench.planner_heldout import appended, merge
+from bench.planner_heldout import appended, merge, with_reused
 
 
 def pol(name: str, gpu_hours: float, share: float = 0.995) -> dict:
@@ -49,3 +49,52 @@ def test_append_keeps_the_other_scales_rows_and_replaces_a_rerun_row():
     assert notes == "Small pools.\n\nTen replicas."
     again = appended({**old, "command": command}, new, "python a --scale 0.075", "")
     assert again[1] == command and again[2] == "Small pools."
+
+
+def test_reuse_takes_the_laws_and_their_frontier_and_epp_is_judged_against_it():
+    # The reused comparison swept llm-d-slo: its documented band kept 99.9 % at 150
+    # GPU-h, a looser one 99.1 % at 80. This run replayed static-peak (100) and epp (60,
+    # 99.5 %). The table has llm-d-slo's row with its cheapest >= 99 % point (80), and
+    # epp is 60 / 80 = 0.75x that point: met (<= 0.9x). Without the sweep there is no
+    # field point to judge epp against.
+    def point(setting: str, gpu_hours: float, share: float, documented: bool) -> dict:
+        return {
+            "policy": "llm-d-slo", "setting": setting, "gpu_hours": gpu_hours,
+            "sla_requests": share, "worst_5min_requests": 0.9, "documented": documented,
+        }  # fmt: skip
+
+    cheap = point("band 0.85/0.7", 80.0, 0.991, False)
+    sweep = {"startup_s": 100.0, "target": 0.99, "policies": {"llm-d-slo": {
+        "points": [point("band 0.55/0.4", 150.0, 0.999, True), cheap],
+        "frontier": ["band 0.85/0.7", "band 0.55/0.4"], "cheapest_at_target": cheap}}}  # fmt: skip
+    old = {"trace": "t", "last_arrival_s": 3600.0, "startup_s": 100.0, "sweep": [sweep],
+           "policies": [pol("static-peak", 100.0), pol("llm-d-slo", 150.0, 0.999),
+                        pol("epp", 90.0)]}  # fmt: skip
+    doc = {"trace": "t", "last_arrival_s": 3600.0, "startup_s": 100.0,
+           "policies": [pol("static-peak", 100.0), pol("epp", 60.0)]}  # fmt: skip
+    rows, checks = rows_of(merge([with_reused(doc, old)]))
+    got = {r[2]: r for r in rows}
+    assert set(got) == {"static-peak", "epp", "llm-d-slo"}
+    assert got["epp"][4] == 60.0  # this run's epp, not the reused one
+    assert got["llm-d-slo"][3] == "band 0.55/0.4" and got["llm-d-slo"][12:] == [
+        80.0,
+        "band 0.85/0.7",
+    ]
+    assert "0.75x the cheapest field point at >= 99 % (met" in checks[0]
+
+
+def test_append_replaces_the_target_check_of_a_slice_checked_again():
+    # The file's notes check the rise at 100 s and 300 s; this run checks the rise at
+    # 100 s again (its laws now swept): the old 100 s line goes, the 300 s line and the
+    # prose stay, and the new line follows.
+    old = {
+        "command": "python a",
+        "rows": [],
+        "notes": "Prose, epp: not a check.\n\n- rise, start-up 100 s, epp: old 100\n"
+        "- rise, start-up 300 s, epp: old 300",
+    }
+    _, _, notes = appended(old, [], "python b", "- rise, start-up 100 s, epp: new 100")
+    assert notes == (
+        "Prose, epp: not a check.\n\n- rise, start-up 300 s, epp: old 300\n\n"
+        "- rise, start-up 100 s, epp: new 100"
+    )
