@@ -14,7 +14,9 @@ docs/data/results/<suite>.json through `bench/planner_frontier.py`'s rows and ch
 
 `--reuse TAG` reads static-peak, the oracle and the laws from TAG's JSON of the same
 traces (they do not depend on `epp`'s settings) and replays `epp` alone, with
-static-peak once at TAG's size beside it as a check.
+static-peak once at TAG's size beside it as a check. `--reuse A,B` reads each policy
+and each swept frontier from the first tag that has it (the field's sweep from one
+run, the oracle from another).
 
 `--append` keeps the suite's existing rows, command and notes and adds this run's
 (a row of the same trace, start-up and policy is replaced): slices whose peaks differ
@@ -108,11 +110,12 @@ def run_slice(args: argparse.Namespace, start: int, hours: int) -> dict:
     trace = slice_trace(args, start, hours)
     startups = [s.strip() for s in args.startups.split(",")]
     stem = f"{trace.stem}-{args.preset}{engine_label(args)}-{args.tag}"
+    tags = args.reuse.split(",") if args.reuse else []
     reused = [
-        work / f"{trace.stem}-{args.preset}{engine_label(args)}-{args.reuse}-{s}.json"
+        [work / f"{trace.stem}-{args.preset}{engine_label(args)}-{t}-{s}.json" for t in tags]
         for s in startups
     ]
-    if args.reuse and all(p.exists() for p in reused):
+    if tags and all(p.exists() for paths in reused for p in paths):
         doc = run_epp_only(args, trace, stem, startups, reused)
     else:
         doc = run_all(args, trace, stem, startups)
@@ -143,16 +146,21 @@ def run_all(args: argparse.Namespace, trace: Path, stem: str, startups: list[str
 
 
 def run_epp_only(
-    args: argparse.Namespace, trace: Path, stem: str, startups: list[str], reused: list[Path]
+    args: argparse.Namespace,
+    trace: Path,
+    stem: str,
+    startups: list[str],
+    reused: list[list[Path]],
 ) -> dict:
     """`--reuse TAG`: the baselines (static-peak, the oracle, the field's laws) do not
     depend on `epp`'s settings, so they are read from TAG's comparisons of the same
     trace and `epp` alone is replayed at each start-up delay, with static-peak replayed
-    once at TAG's size beside it (the check that the replay still gives TAG's figure)."""
+    once at TAG's size beside it (the check that the replay still gives TAG's figure).
+    `reused` holds, per delay, the JSON of each tag."""
     docs: list[dict] = []
-    peak = policy(json.loads(reused[0].read_text()), "static-peak")["initial_replicas"]
-    for s, old_path in zip(startups, reused, strict=True):
-        old = json.loads(old_path.read_text())
+    olds = [combined([json.loads(p.read_text()) for p in paths]) for paths in reused]
+    peak = policy(olds[0], "static-peak")["initial_replicas"]
+    for s, old in zip(startups, olds, strict=True):
         pols = "static-peak,epp" if not docs else "epp"
         doc = replay(args, trace, Path(args.workdir) / f"{stem}-{s}.json", pols,
                      ["--startup-s", s, "--static-peak", str(peak)])  # fmt: skip
@@ -167,6 +175,23 @@ def with_reused(doc: dict, old: dict) -> dict:
     have = {p["name"] for p in doc["policies"]}
     kept = [p for p in old["policies"] if p["name"] not in have and p["name"] != "epp"]
     return doc | {"policies": doc["policies"] + kept, "sweep": old.get("sweep", [])}
+
+
+def combined(docs: list[dict]) -> dict:
+    """Comparisons of one trace and delay as one: each policy, and each swept law's
+    frontier, from the first of `docs` that has it."""
+    pols: list[dict] = []
+    swept: dict[str, dict] = {}
+    sweep: dict | None = None
+    for d in docs:
+        have = {p["name"] for p in pols}
+        pols += [p for p in d["policies"] if p["name"] not in have]
+        for s in d.get("sweep", []):
+            sweep = sweep or s
+            for name, frontier in s["policies"].items():
+                swept.setdefault(name, frontier)
+    out = docs[0] | {"policies": pols}
+    return out | {"sweep": [sweep | {"policies": swept}]} if sweep else out
 
 
 def policy(doc: dict, name: str) -> dict:
@@ -250,9 +275,10 @@ def main() -> int:
     ap.add_argument("--rerun", action="store_true", help="replay even where JSON exists")
     ap.add_argument(
         "--reuse",
-        metavar="TAG",
+        metavar="TAG[,TAG]",
         help="read static-peak, the oracle and the laws from TAG's JSON of the same slices "
-        "and replay epp alone (after a change to epp's settings)",
+        "and replay epp alone (after a change to epp's settings); with several tags, each "
+        "policy and swept frontier from the first that has it",
     )
     ap.add_argument(
         "--append",

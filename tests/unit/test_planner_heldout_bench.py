@@ -4,7 +4,7 @@ document the results table is built from."""
 from __future__ import annotations
 
 from bench.planner_frontier import rows_of
-from bench.planner_heldout import appended, merge, with_reused
+from bench.planner_heldout import appended, combined, merge, with_reused
 
 
 def pol(name: str, gpu_hours: float, share: float = 0.995) -> dict:
@@ -98,3 +98,24 @@ def test_append_replaces_the_target_check_of_a_slice_checked_again():
         "Prose, epp: not a check.\n\n- rise, start-up 300 s, epp: old 300\n\n"
         "- rise, start-up 100 s, epp: new 100"
     )
+
+
+def test_reuse_of_two_tags_takes_each_policy_and_frontier_from_the_first_that_has_it():
+    # The field run swept llm-d-slo and has no oracle; the earlier run has the oracle
+    # (and its own static-peak and epp). Together: the field run's static-peak and
+    # llm-d-slo with its frontier, the earlier run's oracle, each once.
+    frontier = {"points": [], "frontier": [], "cheapest_at_target": None}
+    field = {"startup_s": 100.0, "policies": [pol("static-peak", 100.0), pol("llm-d-slo", 150.0)],
+             "sweep": [{"startup_s": 100.0, "target": 0.99,
+                        "policies": {"llm-d-slo": frontier}}]}  # fmt: skip
+    earlier = {"startup_s": 100.0, "policies": [pol("static-peak", 90.0), pol("oracle", 50.0),
+               pol("epp", 70.0)]}  # fmt: skip
+    both = combined([field, earlier])
+    assert [(p["name"], p["gpu_hours"]) for p in both["policies"]] == [
+        ("static-peak", 100.0),
+        ("llm-d-slo", 150.0),
+        ("oracle", 50.0),
+        ("epp", 70.0),
+    ]
+    assert both["sweep"] == field["sweep"]
+    assert "sweep" not in combined([earlier])
