@@ -37,8 +37,9 @@ def default_workers() -> int:
 def runner(workers: int, done: Done | None = None, keep: Callable[[Result], Result] | None = None):
     """A `compare` runner with up to `workers` processes; `done` hears of each replay's
     end (its CPU time: the replay speed, whatever else loads the machine); `keep`, when
-    given, is what of each result comes back (`compare.summary_only` for a sweep, whose
-    dozen day-long replays' per-request records would otherwise all be held at once)."""
+    given, is what of each result comes back (`compare.summary_only` for `epp plan
+    replay`, whose policies' and swept settings' day-long per-request records would
+    otherwise all be held at once)."""
 
     def run_all(jobs: Sequence[tuple[str, Job]]) -> list[Result]:
         global _JOBS, _DONE, _KEEP

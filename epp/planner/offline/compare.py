@@ -79,8 +79,9 @@ class Result:
 
 
 def summary_only(result: Result) -> Result:
-    """`result` without its per-request and per-decision records: what a sweep point
-    reads is the summary, and a day's replay holds millions of records."""
+    """`result` without its per-request and per-decision records: a comparison's table,
+    JSON, plots and sweep points read the summary, and a day's replay holds millions of
+    records."""
     run = dataclasses.replace(
         result.run, served=(), rejected=(), actions=(), decisions=(), lifetimes=()
     )
