@@ -114,7 +114,16 @@ def check(name: str, run: dict[str, Any], epp: dict[str, Any], pols: dict, minut
         parts.append("the laws were not swept")
     else:
         parts.append("no field law reaches 99 % at any swept setting")
-    return f"- {name}, start-up {run['startup_s']:g} s, epp: " + "; ".join(parts)
+    return f"- {name}, start-up {run['startup_s']:g} s{CHECKED}" + "; ".join(parts)
+
+
+CHECKED = ", epp: "  # ends the head of a `check` line: the slice and delay it is about
+
+
+def checked(line: str) -> str | None:
+    """The slice and delay a `check` line is about (None for any other line)."""
+    head, sep, _ = line.partition(CHECKED)
+    return head if sep and line.startswith("- ") else None
 
 
 def main() -> int:

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.planner_frontier import COLUMNS, rows_of  # noqa: E402
+from bench.planner_frontier import COLUMNS, checked, rows_of  # noqa: E402
 from bench.results import RESULTS, Result, load_span  # noqa: E402
 
 SERVEGEN = ROOT.parent / "shared" / "traces" / "servegen" / "language-m-small"
@@ -237,18 +237,12 @@ def appended(
     kept = [r for r in old["rows"] if tuple(r[key]) not in new]
     commands = old["command"].split(" && ")
     command = " && ".join(commands + ([command] if command not in commands else []))
-    rechecked = {_checked(line) for line in notes.splitlines()} - {None}
+    rechecked = {checked(line) for line in notes.splitlines()} - {None}
     old_notes = "\n".join(
-        line for line in old["notes"].splitlines() if _checked(line) not in rechecked
+        line for line in old["notes"].splitlines() if checked(line) not in rechecked
     )
     notes = "\n\n".join(n for n in (old_notes.strip(), notes.strip()) if n)
     return kept + rows, command, notes
-
-
-def _checked(line: str) -> str | None:
-    """The slice and delay a target-check line (`planner_frontier.check`) is about."""
-    head, sep, _ = line.partition(", epp: ")
-    return head if sep and line.startswith("- ") else None
 
 
 def _ratio(x: float, of: float | None) -> float | None:

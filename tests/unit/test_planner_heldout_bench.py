@@ -3,7 +3,7 @@ document the results table is built from."""
 
 from __future__ import annotations
 
-from bench.planner_frontier import rows_of
+from bench.planner_frontier import checked, rows_of
 from bench.planner_heldout import appended, combined, merge, with_reused
 
 
@@ -81,6 +81,7 @@ def test_reuse_takes_the_laws_and_their_frontier_and_epp_is_judged_against_it():
         "band 0.85/0.7",
     ]
     assert "0.75x the cheapest field point at >= 99 % (met" in checks[0]
+    assert checked(checks[0]) == "- t, start-up 100 s"  # what --append replaces it by
 
 
 def test_append_replaces_the_target_check_of_a_slice_checked_again():
